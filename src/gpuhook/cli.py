@@ -1,0 +1,247 @@
+"""The ``gpuhook`` command line (click lives here only). Thin: parse, call the core, render.
+
+Every failure leaves through :func:`run`, which maps it with :func:`gpuhook.errors.describe`
+to an exit code and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from gpuhook import __version__, log
+from gpuhook import config as config_mod
+from gpuhook.errors import UsageError, describe
+from gpuhook.render import FORMATS, to_json, to_yaml
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from gpuhook.config import Config
+
+
+class Context:
+    def __init__(self, config_file: str | None, debug: bool) -> None:
+        self.config_file = config_file
+        self.debug = debug
+        self._config: Config | None = None
+
+    def config(self) -> Config:
+        if self._config is None:
+            if self.debug:
+                os.environ[config_mod.ENV_DEBUG] = "1"
+            self._config = config_mod.load(self.config_file)
+            log.configure(self._config.log_level, self._config.log_file, prefer_structlog=True)
+        return self._config
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+def output_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--output",
+        "-o",
+        type=click.Choice(FORMATS),
+        default=None,
+        help="Output format (default: table on a terminal, json otherwise).",
+    )(f)
+
+
+def emit(view: Any, fmt: str | None, table: Callable[[Any, bool], str]) -> None:
+    tty = sys.stdout.isatty()
+    fmt = fmt or ("table" if tty else "json")
+    if fmt == "json":
+        click.echo(to_json(view), nl=False)
+    elif fmt == "yaml":
+        click.echo(to_yaml(view), nl=False)
+    else:
+        click.echo(table(view, tty and "NO_COLOR" not in os.environ), nl=False)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="gpuhook", message="%(prog)s %(version)s")
+@click.option(
+    "--config",
+    "config_file",
+    metavar="PATH",
+    help="Config file (default: $GPUHOOK_CONFIG, else /etc/gpuhook/config.yaml).",
+)
+@click.option("--debug", is_flag=True, help="Debug logging (same as GPUHOOK_DEBUG=1).")
+@click.pass_context
+def main(ctx: click.Context, config_file: str | None, debug: bool) -> None:
+    """gpuhook: node-local GPU sharing runtime.
+
+    gpuhook-runtime (the OCI runtime shim) decides for every container which GPUs it may use;
+    this command explains and manages those decisions.
+    """
+    ctx.obj = Context(config_file, debug)
+
+
+# --- config ------------------------------------------------------------------------------------
+
+
+@main.group("config")
+def config_group() -> None:
+    """Validate gpuhook's configuration."""
+
+
+@config_group.command("validate")
+@click.argument("path", required=False)
+@click.option("--show", is_flag=True, help="Print the configuration with defaults filled in.")
+@pass_ctx
+def config_validate(obj: Context, path: str | None, show: bool) -> None:
+    """Check a config file (default: the one in use) against the schema."""
+    config = config_mod.load(path or obj.config_file, use_cache=False)
+    if show:
+        click.echo(to_yaml(config.data), nl=False)
+    runtime = config.runtime or "NOT FOUND"
+    click.echo(f"{config.source}: valid (runtime {runtime})")
+
+
+# --- inventory -----------------------------------------------------------------------------------
+
+
+@main.group("inventory")
+def inventory_group() -> None:
+    """The node inventory (GPUs from NVML, driver files, device nodes)."""
+
+
+@inventory_group.command("refresh")
+@pass_ctx
+def inventory_refresh(obj: Context) -> None:
+    """Query NVML, scan the driver root and write the inventory file."""
+    from gpuhook.inventory import store
+
+    config = obj.config()
+    inv = store.refresh(config)
+    migs = sum(len(g.mig_devices) for g in inv.gpus)
+    mig_gpus = sum(1 for g in inv.gpus if g.mig_enabled)
+    log.get_logger().info(
+        "inventory refreshed",
+        path=config.inventory_path,
+        gpus=len(inv.gpus),
+        mig_devices=migs,
+        driver_version=inv.driver_version,
+    )
+    click.echo(
+        f"{config.inventory_path}: {len(inv.gpus)} GPUs ({mig_gpus} MIG-enabled, "
+        f"{migs} MIG devices), driver {inv.driver_version}, {len(inv.libraries)} "
+        f"libraries"
+    )
+    for warning in inv.warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
+# --- inspect -------------------------------------------------------------------------------------
+
+
+@main.group("inspect")
+def inspect_group() -> None:
+    """Explain the node, a spec, or a container's decision."""
+
+
+@inspect_group.command("node")
+@output_option
+@click.option("--refresh", is_flag=True, help="Refresh the inventory first.")
+@pass_ctx
+def inspect_node(obj: Context, output: str | None, refresh: bool) -> None:
+    """GPUs, MIG devices, driver, device nodes and libraries, from the inventory."""
+    from gpuhook import views
+    from gpuhook.inventory import store
+
+    config = obj.config()
+    if refresh:
+        store.refresh(config)
+    emit(views.node_view(config, store.status(config)), output, views.node_table)
+
+
+@inspect_group.command("spec")
+@click.argument("path", required=False)
+@click.option("--bundle", "-b", metavar="DIR", help="OCI bundle folder holding config.json.")
+@output_option
+@click.option("--diff", is_flag=True, help="Print a unified diff of config.json instead.")
+@pass_ctx
+def inspect_spec(
+    obj: Context, path: str | None, bundle: str | None, output: str | None, diff: bool
+) -> None:
+    """Dry run: what gpuhook-runtime would decide and inject for a bundle or config.json."""
+    from gpuhook import ocispec, pipeline, views
+
+    target = bundle or path
+    if not target:
+        raise UsageError("inspect spec: give a bundle folder (--bundle DIR) or a config.json path")
+    if os.path.isdir(target):
+        bundle_dir = target
+        raw = ocispec.read_raw(target)
+        source = ocispec.config_path(target)
+    else:
+        bundle_dir = os.path.dirname(os.path.abspath(target))
+        source = target
+        try:
+            with open(target, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise UsageError(f"cannot read {target}: {exc.strerror}") from None
+    spec = ocispec.parse(raw, bundle_dir)
+    outcome = pipeline.run(spec, obj.config())
+    if diff:
+        import difflib
+        import json
+
+        before = json.dumps(spec, indent=2).splitlines(keepends=True)
+        after = json.dumps(outcome.spec, indent=2).splitlines(keepends=True)
+        click.echo(
+            "".join(difflib.unified_diff(before, after, source, source + " (gpuhook)")), nl=False
+        )
+        return
+    emit(views.outcome_view(outcome, os.path.abspath(bundle_dir)), output, views.decision_table)
+
+
+# --- the entry ----------------------------------------------------------------------------------
+
+
+@main.group("hook", context_settings={"ignore_unknown_options": True})
+def hook_group() -> None:
+    """OCI hooks run by the container runtime (not for interactive use)."""
+
+
+@hook_group.command("update-ldcache", context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def hook_update_ldcache(args: tuple[str, ...]) -> None:
+    """Refresh a container's ld.so.cache (reads the OCI state on stdin)."""
+    from gpuhook.hooks import main as hook_main
+
+    raise click.exceptions.Exit(hook_main(["update-ldcache", *args]))
+
+
+def run(argv: list[str]) -> int:
+    """Run the CLI; the one place a CLI failure becomes an exit code and one line."""
+    try:
+        main.main(args=argv, prog_name="gpuhook", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("gpuhook: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        hint = ""
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            hint = f" (see: {exc.ctx.command_path} --help)"
+        click.echo(f"gpuhook: {' '.join(exc.format_message().split())}{hint}", err=True)
+        return 2
+    except BaseException as exc:
+        if isinstance(exc, SystemExit):
+            return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+        code, message = describe(exc)
+        click.echo(f"gpuhook: {message}", err=True)
+        if code == 70 and os.environ.get(config_mod.ENV_DEBUG):
+            import traceback
+
+            traceback.print_exc()
+        return code
+    return 0

@@ -1,0 +1,422 @@
+"""gpuhook's own configuration: YAML -> JSON Schema -> frozen :class:`Config`.
+
+The config file is ``/etc/gpuhook/config.yaml``, or the file named by ``GPUHOOK_CONFIG`` (for
+every executable), or ``--config`` on the CLI. Validation needs :mod:`yaml` and
+:mod:`jsonschema`, which are far too slow to import on every container start, so a validated,
+normalized copy is cached as JSON under ``/run/gpuhook/config/<absolute config path>/`` and
+reused while the file's identity (device, inode, size, mtime) and gpuhook's version are unchanged.
+The same folder holds ``runtime``: the resolved low-level runtime path, one line, which the
+``gpuhook-runtime`` dispatcher reads to pass non-create calls straight to runc without Python.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuhook import __version__
+from gpuhook.errors import ConfigError, RuntimeNotFoundError
+from gpuhook.model import Frozen, _init
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+DEFAULT_PATH = "/etc/gpuhook/config.yaml"
+ENV_CONFIG = "GPUHOOK_CONFIG"
+ENV_DEBUG = "GPUHOOK_DEBUG"
+CACHE_ROOT = "/run/gpuhook/config"
+CHECKPOINT_DEFAULT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+
+# The one statement of every default. config/config.yaml.example mirrors it (a test checks).
+DEFAULTS: dict[str, Any] = {
+    "driver_root": "/",
+    "dev_root": "/",
+    "state_dir": "/var/lib/gpuhook",
+    "runtime": {"path": ""},
+    "log": {"level": "info", "file": "/var/log/gpuhook/gpuhook.log"},
+    "nvml": {"library": ""},
+    "inventory": {"path": "", "auto_refresh": True},
+    "inject": {
+        "lib_dir": "/usr/local/gpuhook/lib",
+        "bin_dir": "/usr/bin",
+        "default_capabilities": ["compute", "utility"],
+    },
+    "hook": {"path": "/usr/bin/gpuhook", "ldconfig": "/sbin/ldconfig"},
+    "policy": {
+        "kubernetes": {"env_requests": "verify", "checkpoint": CHECKPOINT_DEFAULT},
+        "standalone": {"env_requests": "trust"},
+    },
+}
+
+# Where a bare runtime name is looked up besides PATH (an engine may run with a short PATH).
+_SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+_RUNTIME_CANDIDATES = ("runc", "crun")
+
+
+class PolicyConfig(Frozen):
+    __slots__ = ("checkpoint", "kubernetes_env_requests", "standalone_env_requests")
+    kubernetes_env_requests: str
+    checkpoint: str
+    standalone_env_requests: str
+
+    def __init__(
+        self, kubernetes_env_requests: str, checkpoint: str, standalone_env_requests: str
+    ) -> None:
+        _init(
+            self,
+            kubernetes_env_requests=kubernetes_env_requests,
+            checkpoint=checkpoint,
+            standalone_env_requests=standalone_env_requests,
+        )
+
+
+class Config(Frozen):
+    """The validated configuration. ``data`` is the normalized nested form (defaults filled in)."""
+
+    __slots__ = (
+        "auto_refresh",
+        "bin_dir",
+        "data",
+        "default_capabilities",
+        "dev_root",
+        "driver_root",
+        "hook_path",
+        "inventory_path",
+        "ldconfig",
+        "lib_dir",
+        "log_file",
+        "log_level",
+        "nvml_library",
+        "policy",
+        "runtime",
+        "source",
+        "state_dir",
+    )
+    source: str
+    data: dict[str, Any]
+    driver_root: str
+    dev_root: str
+    state_dir: str
+    runtime: str  # resolved absolute path, "" when not found
+    log_level: str
+    log_file: str
+    nvml_library: str
+    inventory_path: str
+    auto_refresh: bool
+    lib_dir: str
+    bin_dir: str
+    default_capabilities: tuple[str, ...]
+    hook_path: str
+    ldconfig: str
+    policy: PolicyConfig
+
+    def __init__(self, source: str, data: dict[str, Any], runtime: str) -> None:
+        inv = data["inventory"]
+        pol = data["policy"]
+        _init(
+            self,
+            source=source,
+            data=data,
+            driver_root=data["driver_root"],
+            dev_root=data["dev_root"],
+            state_dir=data["state_dir"],
+            runtime=runtime,
+            log_level="debug"
+            if os.environ.get(ENV_DEBUG, "") not in ("", "0")
+            else data["log"]["level"],
+            log_file=data["log"]["file"],
+            nvml_library=data["nvml"]["library"],
+            inventory_path=inv["path"] or os.path.join(data["state_dir"], "inventory.json"),
+            auto_refresh=inv["auto_refresh"],
+            lib_dir=data["inject"]["lib_dir"],
+            bin_dir=data["inject"]["bin_dir"],
+            default_capabilities=tuple(data["inject"]["default_capabilities"]),
+            hook_path=data["hook"]["path"],
+            ldconfig=data["hook"]["ldconfig"],
+            policy=PolicyConfig(
+                pol["kubernetes"]["env_requests"],
+                pol["kubernetes"]["checkpoint"],
+                pol["standalone"]["env_requests"],
+            ),
+        )
+
+    @property
+    def records_dir(self) -> str:
+        return os.path.join(self.state_dir, "containers")
+
+    def require_runtime(self) -> str:
+        if not self.runtime:
+            wanted = self.data["runtime"]["path"] or " or ".join(_RUNTIME_CANDIDATES)
+            raise RuntimeNotFoundError(
+                f"low-level OCI runtime {wanted} not found (searched PATH and "
+                f"{':'.join(_SYSTEM_PATH)}); install runc or set runtime.path in {self.source}"
+            )
+        return self.runtime
+
+
+# --- locating the file --------------------------------------------------------------------------
+
+
+def config_path(explicit: str | None = None) -> tuple[str, bool]:
+    """``(path, named)``: the config file to use, and whether someone named it explicitly."""
+    if explicit:
+        return os.path.abspath(explicit), True
+    env = os.environ.get(ENV_CONFIG, "")
+    if env:
+        return os.path.abspath(env), True
+    return DEFAULT_PATH, False
+
+
+def cache_dir_for(path: str) -> str:
+    """The cache folder of one config file: its absolute path mirrored under CACHE_ROOT.
+
+    A mirrored path (not a hash) lets the POSIX sh dispatcher compute it without any tool.
+    """
+    return CACHE_ROOT + os.path.abspath(path)
+
+
+# --- loading --------------------------------------------------------------------------------------
+
+
+def load(explicit: str | None = None, *, use_cache: bool = True) -> Config:
+    """Load the config, from the compiled cache when it is current. Raises :class:`ConfigError`."""
+    path, named = config_path(explicit)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if named:
+            raise ConfigError(path, "file not found") from None
+        # No config file at the default place: every key takes its default.
+        return Config("(defaults)", _merge(DEFAULTS, {}), resolve_runtime(""))
+    except OSError as exc:
+        raise ConfigError(path, exc.strerror or "cannot stat") from None
+    identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, __version__]
+    cache_dir = cache_dir_for(path)
+    if use_cache:
+        cached = _read_cache(cache_dir, identity)
+        if cached is not None:
+            return Config(path, cached["config"], cached["runtime"])
+    data = compile_file(path)
+    config = Config(path, data, resolve_runtime(data["runtime"]["path"]))
+    _write_cache(cache_dir, identity, config)
+    return config
+
+
+def _read_cache(cache_dir: str, identity: list[Any]) -> dict[str, Any] | None:
+    from gpuhook import _fastjson
+
+    try:
+        with open(os.path.join(cache_dir, "compiled.json"), "rb") as fh:
+            cached = _fastjson.loads(fh.read())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cached, dict) or cached.get("identity") != identity:
+        return None
+    if not isinstance(cached.get("config"), dict) or not isinstance(cached.get("runtime"), str):
+        return None
+    return cached
+
+
+def _write_cache(cache_dir: str, identity: list[Any], config: Config) -> None:
+    """Best effort: a node where /run/gpuhook is not writable only loses speed."""
+    from gpuhook import _fastjson
+    from gpuhook.fsutil import atomic_write
+
+    try:
+        os.makedirs(cache_dir, mode=0o755, exist_ok=True)
+        body = {"identity": identity, "config": config.data, "runtime": config.runtime}
+        atomic_write(
+            os.path.join(cache_dir, "compiled.json"),
+            _fastjson.dumps(body).encode(),
+            0o644,
+            fsync=False,
+        )
+        runtime_file = os.path.join(cache_dir, "runtime")
+        if config.runtime:
+            atomic_write(runtime_file, (config.runtime + "\n").encode(), 0o644, fsync=False)
+        elif os.path.exists(runtime_file):
+            os.unlink(runtime_file)
+    except OSError:
+        pass
+
+
+def compile_file(path: str) -> dict[str, Any]:
+    """Read, parse and validate one config file; return it normalized with defaults filled in."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ConfigError(path, exc.strerror or "cannot read") from None
+    return validate_data(path, parse_yaml(path, raw))
+
+
+def parse_yaml(path: str, raw: bytes) -> Any:
+    from gpuhook._site import enable_site_packages
+
+    enable_site_packages()
+    import yaml
+
+    class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+        """SafeLoader that refuses duplicate keys instead of silently keeping the last."""
+
+    def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                mark = key_node.start_mark
+                raise ConfigError(
+                    path, f"line {mark.line + 1}, column {mark.column + 1}: duplicate key {key!r}"
+                )
+            seen.add(key)
+        return loader.construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+
+    _StrictLoader.add_constructor(
+        yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+    )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, f"not UTF-8 text (byte {exc.start})") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(path, f"YAML syntax error: {where}{exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, f"YAML error: {exc}") from None
+    except RecursionError:
+        raise ConfigError(path, "YAML nested too deeply") from None
+
+
+def schema() -> dict[str, Any]:
+    from importlib import resources
+
+    from gpuhook import _fastjson
+
+    text = resources.files("gpuhook").joinpath("schemas/config.schema.json").read_bytes()
+    loaded = _fastjson.loads(text)
+    if not isinstance(loaded, dict):
+        raise ConfigError("(schema)", "the packaged config schema is not a JSON object")
+    return loaded
+
+
+def validate_data(path: str, data: Any) -> dict[str, Any]:
+    """Validate parsed YAML against the schema; return the normalized form."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(path, f"the top level must be a mapping, not {_yaml_type(data)}")
+    from gpuhook._site import enable_site_packages
+
+    enable_site_packages()
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), e.path))
+    if errors:
+        error = errors[0]
+        key_path = key_path_of(error.absolute_path)
+        message = error.message
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            allowed = set(error.schema.get("properties", {}))
+            extra = sorted(str(k) for k in error.instance if k not in allowed)
+            if extra:
+                key_path = key_path_of([*error.absolute_path, extra[0]])
+                message = f"unknown key (allowed: {', '.join(sorted(allowed))})"
+        elif error.validator == "type":
+            message = f"must be {error.validator_value}, not {_yaml_type(error.instance)}"
+        raise ConfigError(path, message, key_path or "(top level)")
+    normalized = _merge(DEFAULTS, data)
+    _check_semantics(path, normalized)
+    return normalized
+
+
+def _check_semantics(path: str, data: dict[str, Any]) -> None:
+    """Rules a JSON Schema cannot state."""
+    nvml = data["nvml"]["library"]
+    if nvml and not nvml.startswith("/"):
+        raise ConfigError(path, "must be an absolute path or empty", "nvml.library")
+    inv = data["inventory"]["path"]
+    if inv and not inv.startswith("/"):
+        raise ConfigError(path, "must be an absolute path or empty", "inventory.path")
+    log_file = data["log"]["file"]
+    if log_file and not log_file.startswith("/"):
+        raise ConfigError(path, "must be an absolute path or empty", "log.file")
+
+
+def key_path_of(parts: Any) -> str:
+    """``['mps', 'gpus', 1, 'replicas']`` -> ``mps.gpus[1].replicas``."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _yaml_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+    }.get(type(value), type(value).__name__)
+
+
+def _merge(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, default in defaults.items():
+        value = given.get(key, default)
+        if isinstance(default, dict) and isinstance(value, dict):
+            out[key] = _merge(default, value)
+        elif isinstance(value, list):
+            out[key] = list(value)
+        else:
+            out[key] = value
+    for key, value in given.items():  # keys with no default (open maps added by later sections)
+        if key not in out:
+            out[key] = value
+    return out
+
+
+# --- the low-level runtime ---------------------------------------------------------------------
+
+
+def resolve_runtime(configured: str) -> str:
+    """Absolute path of the low-level runtime, or "" when it cannot be found."""
+    names = (configured,) if configured else _RUNTIME_CANDIDATES
+    for name in names:
+        found = which(name)
+        if found and not _is_gpuhook_runtime(found):
+            return found
+    return ""
+
+
+def which(name: str) -> str:
+    if "/" in name:
+        return name if os.access(name, os.X_OK) and os.path.isfile(name) else ""
+    dirs = [d for d in os.environ.get("PATH", "").split(":") if d]
+    dirs += [d for d in _SYSTEM_PATH if d not in dirs]
+    for folder in dirs:
+        candidate = os.path.join(folder, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return ""
+
+
+def _is_gpuhook_runtime(path: str) -> bool:
+    """Refuse a runtime.path that points back at gpuhook-runtime (an exec loop)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(512)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and b"gpuhook-runtime" in head

@@ -1,0 +1,115 @@
+"""Device ids -> devices of this node (pure).
+
+Accepted forms, as NVIDIA's runtime accepts them: a GPU index (``1``), a GPU UUID
+(``GPU-...``), a MIG UUID (``MIG-...``, or the older ``MIG-GPU-<uuid>/<gi>/<ci>``), a MIG
+device as ``<gpu index>:<mig index>``, ``all``, and any of these as a fully qualified CDI name
+``nvidia.com/gpu=<id>``. Kubelet replica ids of shared GPUs (``GPU-...::3``) name their GPU.
+UUIDs compare case-insensitively.
+"""
+
+from __future__ import annotations
+
+from gpuhook.model import KIND_GPU, KIND_MIG, DeviceRef
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gpuhook.model import Inventory
+
+CDI_PREFIXES = ("nvidia.com/gpu=", "nvidia.com/mig=")
+
+
+class UnknownDevice(Exception):
+    """An id that names no device of this node; ``str()`` says why in one line."""
+
+
+def gpu_ref(gpu_index: int, uuid: str) -> DeviceRef:
+    return DeviceRef(KIND_GPU, uuid, gpu_index)
+
+
+def strip_cdi(device_id: str) -> str | None:
+    """The device name of a fully-qualified CDI name, None for another vendor/class, and the id
+    itself when it is not a CDI name."""
+    if "=" not in device_id and "/" not in device_id:
+        return device_id
+    for prefix in CDI_PREFIXES:
+        if device_id.startswith(prefix):
+            return device_id[len(prefix) :]
+    return None
+
+
+def resolve_one(device_id: str, inventory: Inventory) -> tuple[DeviceRef, ...]:
+    """Resolve one id; ``all`` gives every GPU. Raises :class:`UnknownDevice`."""
+    name = strip_cdi(device_id)
+    if name is None:
+        raise UnknownDevice(f"{device_id!r} is not an NVIDIA GPU (expected nvidia.com/gpu=<id>)")
+    name = name.partition("::")[0]  # kubelet replica suffix of shared GPUs
+    if name.lower() == "all":
+        return tuple(gpu_ref(g.index, g.uuid) for g in inventory.gpus)
+    if name.isdigit():
+        index = int(name)
+        for gpu in inventory.gpus:
+            if gpu.index == index:
+                return (gpu_ref(gpu.index, gpu.uuid),)
+        raise UnknownDevice(f"unknown GPU index {name} (this node has {_describe(inventory)})")
+    lowered = name.lower()
+    if lowered.startswith("gpu-"):
+        for gpu in inventory.gpus:
+            if gpu.uuid.lower() == lowered:
+                return (gpu_ref(gpu.index, gpu.uuid),)
+        raise UnknownDevice(f"unknown GPU UUID {name} (this node has {_describe(inventory)})")
+    if lowered.startswith("mig-gpu-") and lowered.count("/") == 2:
+        parent, gi, ci = lowered[4:].split("/")
+        for gpu in inventory.gpus:
+            if gpu.uuid.lower() == parent:
+                for mig in gpu.mig_devices:
+                    if str(mig.gpu_instance_id) == gi and str(mig.compute_instance_id) == ci:
+                        return (DeviceRef(KIND_MIG, mig.uuid, gpu.index, mig.index),)
+        raise UnknownDevice(f"unknown MIG device {name}")
+    if lowered.startswith("mig-"):
+        for gpu in inventory.gpus:
+            for mig in gpu.mig_devices:
+                if mig.uuid.lower() == lowered:
+                    return (DeviceRef(KIND_MIG, mig.uuid, gpu.index, mig.index),)
+        raise UnknownDevice(f"unknown MIG UUID {name}")
+    gpu_part, colon, mig_part = name.partition(":")
+    if colon and gpu_part.isdigit() and mig_part.isdigit():
+        for gpu in inventory.gpus:
+            if gpu.index == int(gpu_part):
+                if not gpu.mig_enabled:
+                    raise UnknownDevice(
+                        f"GPU {gpu_part} is not in MIG mode, so {name} names no MIG device"
+                    )
+                for mig in gpu.mig_devices:
+                    if mig.index == int(mig_part):
+                        return (DeviceRef(KIND_MIG, mig.uuid, gpu.index, mig.index),)
+                raise UnknownDevice(f"GPU {gpu_part} has no MIG device {mig_part}")
+        raise UnknownDevice(
+            f"unknown GPU index {gpu_part} in {name} (this node has {_describe(inventory)})"
+        )
+    raise UnknownDevice(f"unknown device id {_clip(device_id)!r}")
+
+
+def resolve(ids: tuple[str, ...], inventory: Inventory) -> tuple[tuple[DeviceRef, ...], list[str]]:
+    """Resolve ids; returns (devices sorted and deduplicated, one message per unknown id)."""
+    found: dict[str, DeviceRef] = {}
+    errors: list[str] = []
+    for device_id in ids:
+        try:
+            for ref in resolve_one(device_id, inventory):
+                found.setdefault(ref.uuid, ref)
+        except UnknownDevice as exc:
+            errors.append(str(exc))
+    return tuple(sorted(found.values(), key=lambda r: r.sort_key())), errors
+
+
+def _describe(inventory: Inventory) -> str:
+    if not inventory.gpus:
+        return "no GPUs"
+    indices = sorted(g.index for g in inventory.gpus)
+    if indices == list(range(indices[0], indices[-1] + 1)) and len(indices) > 1:
+        return f"GPUs {indices[0]}-{indices[-1]}"
+    return "GPU " + ", ".join(str(i) for i in indices)
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,193 @@
+"""GPU facts from NVML, through pynvml. The only module of gpuhook that imports pynvml.
+
+NVML is the single source of GPU facts (no parsing of nvidia-smi output). It is slow to
+initialise on a node without nvidia-persistenced, which is why it runs only when the inventory is
+refreshed, never per container.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuhook.errors import InventoryError, NvmlNotFoundError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+SONAME = "libnvidia-ml.so.1"
+
+
+class GpuFacts:
+    """One GPU as NVML reports it (device nodes are added by the driver-root scan)."""
+
+    def __init__(
+        self,
+        index: int,
+        uuid: str,
+        minor: int,
+        name: str,
+        memory_total: int,
+        pci_bus_id: str,
+        compute_capability: str,
+        mig_enabled: bool,
+        migs: list[MigFacts],
+    ) -> None:
+        self.index = index
+        self.uuid = uuid
+        self.minor = minor
+        self.name = name
+        self.memory_total = memory_total
+        self.pci_bus_id = pci_bus_id
+        self.compute_capability = compute_capability
+        self.mig_enabled = mig_enabled
+        self.migs = migs
+
+
+class MigFacts:
+    def __init__(
+        self,
+        index: int,
+        uuid: str,
+        gpu_instance_id: int,
+        compute_instance_id: int,
+        name: str,
+        memory_total: int,
+    ) -> None:
+        self.index = index
+        self.uuid = uuid
+        self.gpu_instance_id = gpu_instance_id
+        self.compute_instance_id = compute_instance_id
+        self.name = name
+        self.memory_total = memory_total
+
+
+class NvmlFacts:
+    def __init__(
+        self, library: str, driver_version: str, cuda_driver_version: str, gpus: list[GpuFacts]
+    ) -> None:
+        self.library = library
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
+        self.gpus = gpus
+
+
+def _import_pynvml() -> Any:
+    from gpuhook._site import enable_site_packages
+
+    enable_site_packages()
+    try:
+        import pynvml
+    except ImportError:
+        try:
+            from gpuhook._vendor import pynvml
+        except ImportError:
+            raise NvmlNotFoundError(
+                "the Python NVML bindings (module pynvml) are not installed: "
+                "pip install nvidia-ml-py, or reinstall the gpuhook package"
+            ) from None
+    return pynvml
+
+
+def load_library(explicit: str, driver_root_candidates: list[str]) -> tuple[Any, str]:
+    """Load libnvidia-ml into pynvml. Order: ``explicit`` (config nvml.library), the normal
+    library search (LD_LIBRARY_PATH, ld.so.cache, default folders), then the driver root."""
+    import ctypes
+
+    pynvml = _import_pynvml()
+    if pynvml.nvmlLib is not None:
+        return pynvml, _loaded_path()
+    tried: list[str] = []
+    attempts = ([explicit] if explicit else []) + [SONAME] + driver_root_candidates
+    for candidate in attempts:
+        if candidate in tried:
+            continue
+        tried.append(candidate)
+        try:
+            pynvml.nvmlLib = ctypes.CDLL(candidate)
+        except OSError:
+            continue
+        return pynvml, _loaded_path() or candidate
+    searched = ", ".join(
+        "the library search path (LD_LIBRARY_PATH, ld.so.cache)" if t == SONAME else t
+        for t in tried
+    )
+    raise NvmlNotFoundError(
+        f"NVML library {SONAME} not found (searched: {searched}); install the NVIDIA driver "
+        "(Debian: apt install libnvidia-ml1 or the driver's package) or set nvml.library"
+    )
+
+
+def _loaded_path() -> str:
+    """Which libnvidia-ml file this process mapped (for the inventory and `inspect node`)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) >= 6 and "libnvidia-ml.so" in fields[5]:
+                    return os.path.realpath(fields[5])
+    except OSError:
+        pass
+    return ""
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def query(explicit_library: str, driver_root_candidates: list[str]) -> NvmlFacts:
+    """Every GPU and MIG device NVML reports, with driver and CUDA driver versions."""
+    pynvml, library = load_library(explicit_library, driver_root_candidates)
+    current = "nvmlInit"
+    try:
+        pynvml.nvmlInit()
+        try:
+            current = "nvmlSystemGetDriverVersion"
+            driver = _text(pynvml.nvmlSystemGetDriverVersion())
+            current = "nvmlSystemGetCudaDriverVersion"
+            cuda_int = int(pynvml.nvmlSystemGetCudaDriverVersion())
+            cuda = f"{cuda_int // 1000}.{cuda_int % 1000 // 10}"
+            current = "nvmlDeviceGetCount"
+            gpus = [_gpu(pynvml, i) for i in range(int(pynvml.nvmlDeviceGetCount()))]
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError as exc:
+        raise InventoryError(f"NVML {current} failed: {_text(exc)}") from None
+    return NvmlFacts(library, driver, cuda, gpus)
+
+
+def _gpu(pynvml: Any, index: int) -> GpuFacts:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    major, minor_cc = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    try:
+        mig_current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError_NotSupported:
+        mig_current = 0
+    migs: list[MigFacts] = []
+    if mig_current:
+        for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+            try:
+                mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except pynvml.NVMLError_NotFound:
+                continue  # an empty slot: MIG indices may have holes
+            migs.append(
+                MigFacts(
+                    slot,
+                    _text(pynvml.nvmlDeviceGetUUID(mh)),
+                    int(pynvml.nvmlDeviceGetGpuInstanceId(mh)),
+                    int(pynvml.nvmlDeviceGetComputeInstanceId(mh)),
+                    _text(pynvml.nvmlDeviceGetName(mh)),
+                    int(pynvml.nvmlDeviceGetMemoryInfo(mh).total),
+                )
+            )
+    return GpuFacts(
+        index,
+        _text(pynvml.nvmlDeviceGetUUID(handle)),
+        int(pynvml.nvmlDeviceGetMinorNumber(handle)),
+        _text(pynvml.nvmlDeviceGetName(handle)),
+        int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+        _text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+        f"{major}.{minor_cc}",
+        bool(mig_current),
+        migs,
+    )

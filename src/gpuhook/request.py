@@ -1,0 +1,227 @@
+"""OCI spec -> :class:`Request` (pure): what a container asks for, and through which channel.
+
+Nothing here decides trust; that is :mod:`gpuhook.policy`. The parser is lenient about parts
+of the spec that do not concern GPUs (a malformed spec is runc's to reject) and records
+malformed GPU requests as ``problems`` instead of raising, so that the policy can refuse an
+untrusted malformed request quietly and fail a trusted one with one line.
+"""
+
+from __future__ import annotations
+
+from gpuhook.errors import SpecError
+from gpuhook.model import (
+    CHANNEL_CDI,
+    CHANNEL_DOCKER,
+    CHANNEL_ENV,
+    CHANNEL_MOUNT,
+    ChannelRequest,
+    KubeIdentity,
+    Request,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+ENV_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+ENV_CAPS = "NVIDIA_DRIVER_CAPABILITIES"
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+GPUHOOK_ANNOTATION_PREFIX = "gpuhook.io/"
+MARKER_ROOTS = ("/var/run/nvidia-container-devices/", "/run/nvidia-container-devices/")
+DOCKER_HOOK = "nvidia-container-runtime-hook"
+CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
+MAX_DEVICE_IDS = 256
+
+# Byte strings whose absence from config.json proves that no channel can carry a request.
+# JSON may escape '/' as '\/' and any character as '\uXXXX'; a file containing "\u" always
+# gets the full parse, and none of these markers contains '/'.
+PRECHECK_MARKERS = (
+    ENV_VISIBLE.encode(),
+    b"cdi.k8s.io",
+    b"nvidia-container-devices",
+    DOCKER_HOOK.encode(),
+)
+
+# Kubernetes identity annotations: containerd's CRI plugin, then CRI-O.
+_K8S_KEYS = (
+    {
+        "type": "io.kubernetes.cri.container-type",
+        "uid": "io.kubernetes.cri.sandbox-uid",
+        "namespace": "io.kubernetes.cri.sandbox-namespace",
+        "pod": "io.kubernetes.cri.sandbox-name",
+        "container": "io.kubernetes.cri.container-name",
+    },
+    {
+        "type": "io.kubernetes.cri-o.ContainerType",
+        "uid": "io.kubernetes.pod.uid",
+        "namespace": "io.kubernetes.pod.namespace",
+        "pod": "io.kubernetes.pod.name",
+        "container": "io.kubernetes.container.name",
+    },
+)
+
+
+def may_request_gpu(raw: bytes) -> bool:
+    """Byte-level pre-check: False proves that the spec carries no GPU request at all.
+
+    Sound by construction: every channel :func:`parse` recognises needs one of the markers to
+    appear literally, unless the file uses ``\\u`` escapes (then this returns True).
+    """
+    if b"\\u" in raw:
+        return True
+    return any(marker in raw for marker in PRECHECK_MARKERS)
+
+
+def parse(spec: Any) -> Request:
+    if not isinstance(spec, dict):
+        raise SpecError("config.json: the top level is not a JSON object")
+    annotations = _str_map(spec.get("annotations"))
+    process = spec["process"] if isinstance(spec.get("process"), dict) else {}
+    env = _env(process.get("env"))
+    problems: list[str] = []
+    channels: list[ChannelRequest] = []
+
+    for key in sorted(annotations):
+        if key.startswith(CDI_ANNOTATION_PREFIX):
+            value = annotations[key]
+            ids = tuple(_split(value))
+            channels.append(ChannelRequest(CHANNEL_CDI, f"annotation {key}", value, ids))
+
+    marker_ids: list[str] = []
+    sources: list[str] = []
+    for mount in spec.get("mounts") or ():
+        if not isinstance(mount, dict):
+            continue
+        dest = mount.get("destination")
+        if not isinstance(dest, str):
+            continue
+        for root in MARKER_ROOTS:
+            if dest.startswith(root):
+                device = dest[len(root) :]
+                if not device or "/" in device or device in (".", ".."):
+                    problems.append(f"malformed volume-mount marker {dest!r}")
+                else:
+                    marker_ids.append(device)
+                    sources.append(dest)
+    if marker_ids or sources:
+        channels.append(
+            ChannelRequest(
+                CHANNEL_MOUNT,
+                "mounts " + ", ".join(sources),
+                ",".join(marker_ids),
+                tuple(_dedupe(marker_ids)),
+            )
+        )
+
+    visible = env.get(ENV_VISIBLE)
+    docker = _has_docker_hook(spec.get("hooks"))
+    if docker or (visible is not None and visible.strip().lower() not in ("", "void")):
+        value = visible or ""
+        ids, problem = env_ids(value)
+        if problem:
+            problems.append(f"{ENV_VISIBLE}: {problem}")
+        channel = CHANNEL_DOCKER if docker else CHANNEL_ENV
+        source = f"docker --gpus ({DOCKER_HOOK} prestart hook)" if docker else f"env {ENV_VISIBLE}"
+        channels.append(ChannelRequest(channel, source, value, ids))
+
+    return Request(
+        channels=tuple(channels),
+        driver_capabilities=env.get(ENV_CAPS),
+        privileged=_privileged(process.get("capabilities")),
+        kubernetes=_kubernetes(annotations),
+        annotations=tuple(
+            sorted(
+                (k, v) for k, v in annotations.items() if k.startswith(GPUHOOK_ANNOTATION_PREFIX)
+            )
+        ),
+        problems=tuple(problems),
+    )
+
+
+def env_ids(value: str) -> tuple[tuple[str, ...], str]:
+    """Split an NVIDIA_VISIBLE_DEVICES value into ids: ``("all",)``, ``("none",)``, a device
+    list, or ``()`` for ``void``/empty. Returns ``(ids, problem)``; problem is "" when well-formed.
+    """
+    tokens = _split(value)
+    lowered = [t.lower() for t in tokens]
+    if not tokens or lowered == ["void"]:
+        return (), ""
+    if "all" in lowered:
+        return ("all",), ""
+    if lowered == ["none"]:
+        return ("none",), ""
+    if "none" in lowered or "void" in lowered:
+        return (), f"'none' or 'void' cannot be combined with device ids in {_clip(value)!r}"
+    ids = _dedupe(tokens)
+    if len(ids) > MAX_DEVICE_IDS:
+        return (), f"too many device ids ({len(ids)} > {MAX_DEVICE_IDS})"
+    return tuple(ids), ""
+
+
+def _split(value: str) -> list[str]:
+    return [t.strip() for t in value.split(",") if t.strip()]
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            out.append(item)
+    return out
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _env(value: Any) -> dict[str, str]:
+    """Environment as a map; for a key given twice the last wins (docker appends --gpus last)."""
+    out: dict[str, str] = {}
+    if not isinstance(value, list):
+        return out
+    for entry in value:
+        if isinstance(entry, str) and "=" in entry:
+            key, _, val = entry.partition("=")
+            out[key] = val
+    return out
+
+
+def _has_docker_hook(hooks: Any) -> bool:
+    if not isinstance(hooks, dict) or not isinstance(hooks.get("prestart"), list):
+        return False
+    for hook in hooks["prestart"]:
+        if (
+            isinstance(hook, dict)
+            and isinstance(hook.get("path"), str)
+            and hook["path"].rsplit("/", 1)[-1] == DOCKER_HOOK
+        ):
+            return True
+    return False
+
+
+def _privileged(caps: Any) -> bool:
+    if not isinstance(caps, dict):
+        return False
+    bounding = caps.get("bounding")
+    return isinstance(bounding, list) and CAP_SYS_ADMIN in bounding
+
+
+def _kubernetes(annotations: dict[str, str]) -> KubeIdentity | None:
+    for keys in _K8S_KEYS:
+        if keys["type"] in annotations or keys["uid"] in annotations:
+            return KubeIdentity(
+                pod_uid=annotations.get(keys["uid"], ""),
+                namespace=annotations.get(keys["namespace"], ""),
+                pod_name=annotations.get(keys["pod"], ""),
+                container_name=annotations.get(keys["container"], ""),
+                container_type=annotations.get(keys["type"], "container"),
+            )
+    return None

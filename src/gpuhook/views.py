@@ -1,0 +1,320 @@
+"""What ``gpuhook inspect`` shows: pure functions from gpuhook's data to a view (a JSON-ready
+dict) and from a view to a table a person reads in seconds."""
+
+from __future__ import annotations
+
+import time
+
+from gpuhook.inventory.catalog import LIBRARIES
+from gpuhook.render import age, mib, paint, section, table
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpuhook.config import Config
+    from gpuhook.inventory.store import Status
+    from gpuhook.model import DeviceNode, Inventory
+    from gpuhook.pipeline import Outcome
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _node(n: DeviceNode) -> dict[str, Any]:
+    return {
+        "path": n.path,
+        "host_path": n.host_path,
+        "type": n.type,
+        "major": n.major,
+        "minor": n.minor,
+        "mode": f"{n.mode:04o}",
+    }
+
+
+# --- inspect node -------------------------------------------------------------------------------
+
+
+def node_view(config: Config, status: Status) -> dict[str, Any]:
+    inv = status.inventory
+    view: dict[str, Any] = {
+        "config": config.source,
+        "driver_root": config.driver_root,
+        "dev_root": config.dev_root,
+        "inventory": {
+            "path": config.inventory_path,
+            "present": inv is not None,
+            "generated_at": _iso(inv.generated_at) if inv else None,
+            "age_seconds": round(status.age_s, 1) if status.age_s is not None else None,
+            "fresh": status.fresh,
+            "stale_reason": status.reason,
+        },
+    }
+    if inv is None:
+        return view
+    view["driver"] = {
+        "version": inv.driver_version,
+        "cuda_version": inv.cuda_driver_version,
+        "nvml_library": inv.nvml_library,
+    }
+    view["gpus"] = [_gpu_view(g) for g in inv.gpus]
+    view["control_nodes"] = [_node(n) for n in inv.control_nodes]
+    view["libraries"] = _libraries_view(inv)
+    for kind, key in (("binary", "binaries"), ("firmware", "firmware"), ("socket", "ipc_sockets")):
+        view[key] = [
+            {
+                "name": f.name,
+                "path": f.path,
+                "container_path": f.container_path,
+                "capability": f.capability,
+            }
+            for f in inv.files_of(kind)
+        ]
+    view["warnings"] = list(inv.warnings)
+    return view
+
+
+def _gpu_view(g: Any) -> dict[str, Any]:
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "name": g.name,
+        "minor": g.minor,
+        "memory_total": g.memory_total,
+        "pci_bus_id": g.pci_bus_id,
+        "compute_capability": g.compute_capability,
+        "mig_enabled": g.mig_enabled,
+        "device_node": _node(g.node) if g.node else None,
+        "mig_devices": [
+            {
+                "index": m.index,
+                "id": m.display_id,
+                "uuid": m.uuid,
+                "name": m.name,
+                "gpu_instance_id": m.gpu_instance_id,
+                "compute_instance_id": m.compute_instance_id,
+                "memory_total": m.memory_total,
+                "caps": [_node(c) for c in m.caps],
+            }
+            for m in g.mig_devices
+        ],
+    }
+
+
+def _libraries_view(inv: Inventory) -> dict[str, Any]:
+    missing = dict(inv.missing_libraries)
+    out: dict[str, Any] = {}
+    for capability in (*LIBRARIES, "compat32"):
+        found = [lib for lib in inv.libraries if lib.capability == capability]
+        if capability == "compat32" and not found:
+            continue
+        out[capability] = {
+            "found": [
+                {"name": lib.name, "soname": lib.soname, "version": lib.version, "path": lib.path}
+                for lib in found
+            ],
+            "missing": list(missing.get(capability, ())),
+        }
+    return out
+
+
+def node_table(view: dict[str, Any], color: bool = False) -> str:
+    inv = view["inventory"]
+    out = []
+    state = "fresh" if inv["fresh"] else "stale" if inv["present"] else "missing"
+    head = [
+        ("Config", view["config"]),
+        ("Roots", f"driver {view['driver_root']}   dev {view['dev_root']}"),
+        (
+            "Inventory",
+            f"{inv['path']}   {paint(state, state, color)}"
+            + (
+                f", built {inv['generated_at']} ({age(inv['age_seconds'])})"
+                if inv["present"]
+                else ""
+            )
+            + (f" - {inv['stale_reason']}" if inv["stale_reason"] else ""),
+        ),
+    ]
+    if "driver" in view:
+        d = view["driver"]
+        head.insert(
+            0,
+            (
+                "Driver",
+                f"{d['version']}   CUDA {d['cuda_version']}   NVML {d['nvml_library'] or '-'}",
+            ),
+        )
+    width = max(len(k) for k, _ in head)
+    out.append("".join(f"{k.ljust(width)}  {v}\n" for k, v in head))
+    if "gpus" not in view:
+        return "".join(out)
+    rows = []
+    for g in view["gpus"]:
+        node = g["device_node"]
+        rows.append(
+            [
+                g["index"],
+                g["uuid"],
+                g["name"],
+                mib(g["memory_total"]),
+                g["pci_bus_id"],
+                g["compute_capability"],
+                f"{node['path']} {node['major']}:{node['minor']}"
+                if node
+                else paint("missing", "fail", color),
+                f"enabled ({len(g['mig_devices'])})" if g["mig_enabled"] else "-",
+            ]
+        )
+        for m in g["mig_devices"]:
+            caps = ",".join(c["path"].rsplit("/", 1)[-1] for c in m["caps"])
+            rows.append(
+                [
+                    f"  {m['id']}",
+                    m["uuid"],
+                    m["name"],
+                    mib(m["memory_total"]),
+                    f"GI {m['gpu_instance_id']} CI {m['compute_instance_id']}",
+                    "",
+                    caps or paint("no caps nodes", "fail", color),
+                    "",
+                ]
+            )
+    gpu_title = f"GPUs ({len(view['gpus'])})"
+    out.append(
+        section(
+            gpu_title,
+            table(["ID", "UUID", "NAME", "MEMORY", "PCI / MIG", "CC", "DEVICE NODE", "MIG"], rows),
+            color,
+        )
+    )
+    out.append(
+        section(
+            "Control device nodes",
+            table(
+                ["PATH", "MAJOR:MINOR", "MODE", "HOST PATH"],
+                [
+                    [n["path"], f"{n['major']}:{n['minor']}", n["mode"], n["host_path"]]
+                    for n in view["control_nodes"]
+                ],
+            ),
+            color,
+        )
+    )
+    lib_rows = []
+    for cap, libs in view["libraries"].items():
+        total = len(libs["found"]) + len(libs["missing"])
+        lib_rows.append([cap, f"{len(libs['found'])}/{total}", ", ".join(libs["missing"]) or "-"])
+    out.append(
+        section("Driver libraries", table(["CAPABILITY", "FOUND", "MISSING"], lib_rows), color)
+    )
+    files = [["binary", f["name"], f["path"]] for f in view["binaries"]]
+    files += [["firmware", f["name"], f["path"]] for f in view["firmware"]]
+    files += [["socket", f["name"], f["path"]] for f in view["ipc_sockets"]]
+    out.append(section("Driver files", table(["KIND", "NAME", "PATH"], files), color))
+    if view["warnings"]:
+        out.append(
+            section(
+                "Warnings",
+                "".join(f"  {paint('warn', 'warn', color)}  {w}\n" for w in view["warnings"]),
+                color,
+            )
+        )
+    return "\n".join(out)
+
+
+# --- inspect spec -------------------------------------------------------------------------------
+
+
+def outcome_view(outcome: Outcome, bundle: str) -> dict[str, Any]:
+    req = outcome.request
+    return {
+        "bundle": bundle,
+        "kubernetes": req.kubernetes.to_dict() if req.kubernetes else None,
+        "request": req.to_dict(),
+        "allocation": outcome.allocation.to_dict() if outcome.allocation else None,
+        "allocation_error": outcome.allocation_error,
+        "decision": outcome.decision.to_dict(),
+        "edits": outcome.edits.to_dict(),
+        "spec_changed": outcome.changed,
+    }
+
+
+def decision_table(view: dict[str, Any], color: bool = False) -> str:
+    """The request, the decision with its reasons, and the edits: shared by inspect spec and
+    inspect container."""
+    out = []
+    req = view["request"]
+    kube = view.get("kubernetes")
+    who = "-"
+    if kube:
+        who = (
+            f"Kubernetes {kube['container_type']} {kube['namespace']}/{kube['pod_name']} "
+            f"container {kube['container_name'] or '-'} (pod uid {kube['pod_uid'] or '-'})"
+        )
+    elif req.get("channels") is not None:
+        who = "not a Kubernetes container"
+    dec = view["decision"]
+    if not dec["gpu_container"]:
+        verdict = "no GPU (no request)"
+    elif dec["devices"]:
+        verdict = (
+            paint("granted", "granted", color)
+            + " "
+            + ", ".join(f"{d['id']} ({d['uuid']})" for d in dec["devices"])
+        )
+    elif dec["driver_only"]:
+        verdict = paint("granted", "granted", color) + " driver files only (none)"
+    else:
+        verdict = paint("refused", "refused", color) + ": no GPU"
+    head = [
+        ("Container", who),
+        ("Privileged", "yes" if req.get("privileged") else "no"),
+        ("Decision", verdict),
+    ]
+    if dec.get("capabilities"):
+        head.append(("Capabilities", ",".join(dec["capabilities"])))
+    width = max(len(k) for k, _ in head)
+    out.append("".join(f"{k.ljust(width)}  {v}\n" for k, v in head))
+    channels = req.get("channels") or []
+    if channels:
+        out.append(
+            section(
+                "Requests",
+                table(
+                    ["CHANNEL", "SOURCE", "VALUE"],
+                    [[c["channel"], c["source"], c["value"] or '""'] for c in channels],
+                ),
+                color,
+            )
+        )
+    out.append(
+        section(
+            "Reasons",
+            table(
+                ["VERDICT", "CHANNEL", "VALUE", "WHY"],
+                [
+                    [paint(r["verdict"], r["verdict"], color), r["channel"], r["value"], r["why"]]
+                    for r in dec["reasons"]
+                ],
+            ),
+            color,
+        )
+    )
+    edits = view.get("edits")
+    if edits:
+        rows = [["env", e] for e in edits["env"]]
+        rows += [
+            ["device", f"{d['path']} ({d['type']} {d['major']}:{d['minor']})"]
+            for d in edits["deviceNodes"]
+        ]
+        binds = [m for m in edits["mounts"] if m["type"] == "bind"]
+        tmpfs = [m for m in edits["mounts"] if m["type"] != "bind"]
+        rows += [["tmpfs", m["containerPath"]] for m in tmpfs]
+        rows += [["mount", f"{m['containerPath']} <- {m['hostPath']}"] for m in binds]
+        rows += [["hook", f"{h['hookName']}: {' '.join(h['args'])}"] for h in edits["hooks"]]
+        rows += [["remove hook", h] for h in edits.get("removeHooks", [])]
+        if rows:
+            out.append(section("Injected", table(["KIND", "WHAT"], rows), color))
+    return "\n".join(out)
