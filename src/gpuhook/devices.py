@@ -29,7 +29,7 @@ def gpu_ref(gpu_index: int, uuid: str) -> DeviceRef:
 def strip_cdi(device_id: str) -> str | None:
     """The device name of a fully-qualified CDI name, None for another vendor/class, and the id
     itself when it is not a CDI name."""
-    if "=" not in device_id and "/" not in device_id:
+    if "=" not in device_id:
         return device_id
     for prefix in CDI_PREFIXES:
         if device_id.startswith(prefix):

@@ -98,11 +98,11 @@ def parse(spec: Any) -> Request:
         for root in MARKER_ROOTS:
             if dest.startswith(root):
                 device = dest[len(root) :]
+                sources.append(dest)
                 if not device or "/" in device or device in (".", ".."):
                     problems.append(f"malformed volume-mount marker {dest!r}")
                 else:
                     marker_ids.append(device)
-                    sources.append(dest)
     if marker_ids or sources:
         channels.append(
             ChannelRequest(

@@ -106,7 +106,11 @@ def _from_ldcache(root: str, result: ScanResult) -> list[_Candidate] | None:
             f"{path} is not a valid ld.so.cache ({exc}); scanned library folders instead"
         )
         return None
-    return [_Candidate(e.key, e.value, _arch_class(e.arch)) for e in entries]
+    return [
+        _Candidate(e.key, e.value, _arch_class(e.arch))
+        for e in entries
+        if not e.hwcap & ldcache.HWCAP_EXTENSION  # glibc-hwcaps variants: not driver files
+    ]
 
 
 def _arch_class(arch: str) -> str:
@@ -170,9 +174,15 @@ def _pick(
         base = os.path.basename(real)
         version = base[len(name) + 1 :] if base.startswith(name + ".") else ""
         score = 2 if driver_version and version == driver_version else 1 if version else 0
-        lib = Library(base, real, cand.soname, version, capability)
-        if best is None or score > best[0]:
-            best = (score, lib)
+        if best is not None and score <= best[0]:
+            continue
+        # A cache key is not always the soname (Debian lists dev links such as libfoo.so too):
+        # the file's own DT_SONAME is what the container must find it by.
+        try:
+            soname = elf.read_soname(real) or cand.soname
+        except (OSError, elf.ElfError):
+            soname = cand.soname
+        best = (score, Library(base, real, soname, version, capability))
     return best[1] if best else None
 
 

@@ -1,0 +1,193 @@
+"""Shared fixtures: a fake GPU node (tools/fake-node), a minimal glibc rootfs, and helpers to
+run the gpuhook CLI and real containers through gpuhook-runtime."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+
+import testbed  # noqa: E402
+
+FAKE_NODE = REPO / "tools" / "fake-node"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason="needs root (mknod, runc)")
+    for item in items:
+        if "root" in item.keywords or "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+class FakeNode:
+    """A fake GPU node made by tools/fake-node, with gpuhook's config pointing at it."""
+
+    def __init__(self, root: Path, truth: dict[str, Any], env: dict[str, str]) -> None:
+        self.root = root
+        self.truth = truth
+        self.env = env
+        self.config = Path(env["GPUHOOK_CONFIG"])
+
+    def gpuhook(
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        check: bool = False,
+        stdin: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        full = {**os.environ, **self.env, **(env or {})}
+        return subprocess.run(
+            [testbed.GPUHOOK, *args],
+            capture_output=True,
+            text=True,
+            env=full,
+            check=check,
+            input=stdin,
+            timeout=120,
+        )
+
+    def refresh(self) -> None:
+        out = self.gpuhook("inventory", "refresh")
+        assert out.returncode == 0, out.stderr
+
+    def variant(self, folder: Path, **sections: Any) -> dict[str, str]:
+        """The env of a copy of this node's config with some keys changed (same state_dir and
+        inventory), for tests that need another policy without touching the shared node."""
+        import yaml
+
+        data = yaml.safe_load(self.config.read_text()) or {}
+        _deep_update(data, sections)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"config-{uuid.uuid4().hex[:8]}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return {**self.env, "GPUHOOK_CONFIG": str(path)}
+
+    def set_config(self, **sections: Any) -> None:
+        """Merge keys into the node's config.yaml (nested dicts merge)."""
+        import yaml
+
+        data = yaml.safe_load(self.config.read_text()) or {}
+        _deep_update(data, sections)
+        self.config.write_text(yaml.safe_dump(data))
+
+
+def _deep_update(into: dict[str, Any], new: Mapping[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _deep_update(into[key], value)
+        else:
+            into[key] = value
+
+
+def make_fake_node(path: Path, *args: str) -> FakeNode:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(FAKE_NODE),
+            str(path),
+            "--force",
+            "--hook-path",
+            testbed.GPUHOOK,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    env: dict[str, str] = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export ") :].partition("=")
+            env[key] = value.strip("'\"")
+    truth = json.loads((path / "node.json").read_text())
+    return FakeNode(path, truth, env)
+
+
+@pytest.fixture(scope="session")
+def fake_node_factory(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    def factory(*args: str) -> FakeNode:
+        return make_fake_node(tmp_path_factory.mktemp("node"), *args)
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def node(fake_node_factory: Any) -> FakeNode:
+    """The standard node: 8 GPUs, GPUs 6 and 7 MIG-enabled with 3 MIG devices each.
+    Session-wide: tests must not change it (use fake_node_factory for a private one)."""
+    n: FakeNode = fake_node_factory("--gpus", "8", "--mig-gpus", "6,7", "--mig-devices", "3")
+    n.refresh()
+    return n
+
+
+@pytest.fixture(scope="session")
+def rootfs_template(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return testbed.build_rootfs(str(tmp_path_factory.mktemp("rootfs") / "rootfs"))
+
+
+@pytest.fixture(scope="session")
+def spec_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return testbed.base_spec(str(tmp_path_factory.mktemp("spec")))
+
+
+class Containers:
+    """Make bundles and run them through gpuhook-runtime with a private runc state root."""
+
+    def __init__(self, base: Path, rootfs: str, spec: dict[str, Any]) -> None:
+        self.base = base
+        self.rootfs = rootfs
+        self.spec = spec
+        self.state = base / "runc-state"
+        self.state.mkdir(parents=True, exist_ok=True)
+
+    def bundle(self, name: str | None = None, **kw: Any) -> Path:
+        path = self.base / (name or f"b-{uuid.uuid4().hex[:8]}")
+        testbed.make_bundle(str(path), self.rootfs, spec_template=self.spec, **kw)
+        return path
+
+    def run(
+        self,
+        bundle: Path,
+        env: Mapping[str, str],
+        runtime: str = testbed.RUNTIME,
+        container_id: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        cid = container_id or f"gh-{uuid.uuid4().hex[:12]}"
+        return testbed.run_container(str(bundle), cid, str(self.state), env, runtime)
+
+    def probe(self, node: FakeNode, env: Sequence[str] = (), **kw: Any) -> dict[str, Any]:
+        """Run the standard probe in a container; return what it saw (dev nodes, env,
+        ldconfig -p, nvidia-smi -L) plus the runtime's exit code and stderr."""
+        bundle = self.bundle(args=("/bin/sh", "-c", testbed.PROBE), env=env, **kw)
+        out = self.run(bundle, node.env)
+        seen = testbed.parse_probe(out.stdout)
+        seen.update(returncode=out.returncode, stderr=out.stderr, bundle=bundle)
+        return seen
+
+
+@pytest.fixture
+def containers(
+    tmp_path: Path, rootfs_template: str, spec_template: dict[str, Any]
+) -> Iterator[Containers]:
+    c = Containers(tmp_path, rootfs_template, spec_template)
+    yield c
+    subprocess.run(
+        f"for c in $(runc --root {c.state} list -q); do runc --root {c.state} delete -f $c; done",
+        shell=True,
+        capture_output=True,
+        check=False,
+    )

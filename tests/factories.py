@@ -1,0 +1,156 @@
+"""Plain-data builders for unit tests of the pure core (no files, no NVML)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuhook import config as config_mod
+from gpuhook.config import Config
+from gpuhook.model import DeviceNode, Gpu, HostFile, Inventory, Library, MigDevice
+
+
+def gpu_uuid(i: int) -> str:
+    return f"GPU-{i:08x}-1111-2222-3333-{i:012x}"
+
+
+def mig_uuid(g: int, m: int) -> str:
+    return f"MIG-{g:04x}{m:04x}-aaaa-bbbb-cccc-{g * 100 + m:012x}"
+
+
+def inventory(gpus: int = 8, mig: dict[int, int] | None = None) -> Inventory:
+    mig = mig or {}
+    out = []
+    cap = 10
+    for i in range(gpus):
+        migs = []
+        for m in range(mig.get(i, 0)):
+            caps = (
+                DeviceNode(
+                    f"/dev/nvidia-caps/nvidia-cap{cap}",
+                    f"/x/dev/nvidia-caps/nvidia-cap{cap}",
+                    511,
+                    cap,
+                    0o444,
+                ),
+                DeviceNode(
+                    f"/dev/nvidia-caps/nvidia-cap{cap + 1}",
+                    f"/x/dev/nvidia-caps/nvidia-cap{cap + 1}",
+                    511,
+                    cap + 1,
+                    0o444,
+                ),
+            )
+            cap += 2
+            migs.append(MigDevice(m, mig_uuid(i, m), i, m + 1, 0, "1g.10gb", 10 << 30, caps))
+        out.append(
+            Gpu(
+                i,
+                gpu_uuid(i),
+                i,
+                "NVIDIA H100",
+                80 << 30,
+                f"00000000:{16 + i:02x}:00.0",
+                "9.0",
+                i in mig,
+                tuple(migs),
+                DeviceNode(f"/dev/nvidia{i}", f"/x/dev/nvidia{i}", 195, i, 0o666),
+            )
+        )
+    control = [
+        DeviceNode("/dev/nvidiactl", "/x/dev/nvidiactl", 195, 255),
+        DeviceNode("/dev/nvidia-uvm", "/x/dev/nvidia-uvm", 510, 0),
+    ]
+    libs = [
+        Library(
+            "libcuda.so.550.54.15",
+            "/d/usr/lib/libcuda.so.550.54.15",
+            "libcuda.so.1",
+            "550.54.15",
+            "compute",
+        ),
+        Library(
+            "libnvidia-ml.so.550.54.15",
+            "/d/usr/lib/libnvidia-ml.so.550.54.15",
+            "libnvidia-ml.so.1",
+            "550.54.15",
+            "utility",
+        ),
+        Library(
+            "libnvcuvid.so.550.54.15",
+            "/d/usr/lib/libnvcuvid.so.550.54.15",
+            "libnvcuvid.so.1",
+            "550.54.15",
+            "video",
+        ),
+    ]
+    files = [
+        HostFile("binary", "nvidia-smi", "/d/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi", "utility")
+    ]
+    return Inventory(
+        1.0,
+        "/d",
+        "/x",
+        "550.54.15",
+        "12.4",
+        "/d/usr/lib/libnvidia-ml.so.1",
+        out,
+        control,
+        libs,
+        files,
+        [],
+        "key",
+    )
+
+
+def config(**overrides: Any) -> Config:
+    data = config_mod._merge(config_mod.DEFAULTS, {})
+    for dotted, value in overrides.items():
+        node = data
+        parts = dotted.split("__")
+        for part in parts[:-1]:
+            node = node[part]
+        node[parts[-1]] = value
+    return Config("(test)", data, "/usr/sbin/runc")
+
+
+def spec(
+    env: list[str] | None = None,
+    annotations: dict[str, str] | None = None,
+    mounts: list[dict[str, Any]] | None = None,
+    privileged: bool = False,
+    hooks: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    caps = ["CAP_CHOWN", "CAP_KILL"] + (["CAP_SYS_ADMIN"] if privileged else [])
+    out: dict[str, Any] = {
+        "ociVersion": "1.0.2",
+        "process": {
+            "args": ["sh"],
+            "env": ["PATH=/bin", *(env or [])],
+            "capabilities": {"bounding": caps, "effective": caps},
+        },
+        "root": {"path": "rootfs"},
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}, *(mounts or [])],
+        "linux": {"resources": {"devices": [{"allow": False, "access": "rwm"}]}},
+        "x-unknown-key": {"kept": [1, 2, 3]},
+    }
+    if annotations:
+        out["annotations"] = annotations
+    if hooks:
+        out["hooks"] = hooks
+    return out
+
+
+def k8s(
+    uid: str = "pod-uid-1",
+    name: str = "trainer",
+    namespace: str = "ml",
+    container: str = "main",
+    ctype: str = "container",
+) -> dict[str, str]:
+    return {
+        "io.kubernetes.cri.container-type": ctype,
+        "io.kubernetes.cri.sandbox-uid": uid,
+        "io.kubernetes.cri.sandbox-name": name,
+        "io.kubernetes.cri.sandbox-namespace": namespace,
+        "io.kubernetes.cri.container-name": container,
+    }

@@ -1,0 +1,124 @@
+"""Config: one-line errors with file and key path (exit 2), defaults, the compiled cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuhook import config as config_mod
+from gpuhook.errors import EXIT_CONFIG, ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("driver_root: [unclosed\n", "YAML syntax error: line 2, column 1"),
+        ("bogus: 1\n", "bogus: unknown key"),
+        ("policy:\n  kubernetes:\n    nope: x\n", "policy.kubernetes.nope: unknown key"),
+        ("log:\n  level: loud\n", "log.level: 'loud' is not one of"),
+        (
+            "inventory:\n  auto_refresh: maybe\n",
+            "inventory.auto_refresh: must be boolean, not a string",
+        ),
+        ("driver_root: relative/path\n", "driver_root: 'relative/path' does not match"),
+        ("- a\n- b\n", "the top level must be a mapping, not a list"),
+        ("runtime:\n  path: 1\n  path: 2\n", "duplicate key 'path'"),
+        (
+            "inject:\n  default_capabilities: [compute, warp]\n",
+            "inject.default_capabilities[1]: 'warp' is not one of",
+        ),
+    ],
+)
+def test_bad_config_one_line_with_key_path(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        config_mod.load(path, use_cache=False)
+    line = str(info.value)
+    assert message in line, line
+    assert line.startswith(f"invalid config {path}: ")
+    assert "\n" not in line and info.value.exit_code == EXIT_CONFIG
+
+
+def test_defaults_fill_in(tmp_path: Path) -> None:
+    cfg = config_mod.load(write(tmp_path, "state_dir: /tmp/x\n"), use_cache=False)
+    assert cfg.state_dir == "/tmp/x" and cfg.inventory_path == "/tmp/x/inventory.json"
+    assert cfg.policy.kubernetes_env_requests == "verify"
+    assert cfg.default_capabilities == ("compute", "utility")
+
+
+def test_example_file_matches_the_defaults() -> None:
+    """config/config.yaml.example documents every key with its default value."""
+    example = yaml.safe_load((REPO / "config" / "config.yaml.example").read_text())
+    assert example == config_mod.DEFAULTS
+    config_mod.validate_data("example", example)
+
+
+def test_missing_named_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="file not found"):
+        config_mod.load(str(tmp_path / "nope.yaml"))
+
+
+def test_compiled_cache_is_used_and_invalidated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config_mod, "CACHE_ROOT", str(tmp_path / "cache"))
+    path = write(tmp_path, "state_dir: /one\n")
+    assert config_mod.load(path).state_dir == "/one"
+    cache = Path(config_mod.cache_dir_for(path))
+    assert (cache / "compiled.json").exists()
+    assert (cache / "runtime").read_text().strip() == config_mod.resolve_runtime("")
+    calls = []
+    monkeypatch.setattr(config_mod, "compile_file", lambda p: calls.append(p) or {})
+    assert config_mod.load(path).state_dir == "/one" and not calls  # served from the cache
+    monkeypatch.undo()
+    monkeypatch.setattr(config_mod, "CACHE_ROOT", str(tmp_path / "cache"))
+    write(tmp_path, "state_dir: /two\n")
+    os.utime(path, ns=(1, 1))  # a different mtime: the cache no longer matches
+    assert config_mod.load(path).state_dir == "/two"
+
+
+def test_cli_config_validate_exit_codes(tmp_path: Path) -> None:
+    gpuhook = [sys.executable, "-m", "gpuhook"]
+    bad = write(tmp_path, "log:\n  level: loud\n")
+    out = subprocess.run(
+        [*gpuhook, "config", "validate", bad], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1
+    assert out.stderr.startswith(f"gpuhook: invalid config {bad}: log.level:")
+    good = tmp_path / "good.yaml"
+    good.write_text("state_dir: /tmp/x\n")
+    out = subprocess.run(
+        [*gpuhook, "config", "validate", str(good)], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0 and f"{good}: valid" in out.stdout
+
+
+def test_hot_path_load_imports_no_yaml_or_jsonschema(tmp_path: Path) -> None:
+    path = write(tmp_path, "state_dir: /tmp/x\n")
+    code = (
+        "import sys; sys.path.insert(0, 'src');"
+        "from gpuhook import config as c;"
+        f"c.CACHE_ROOT = {str(tmp_path / 'cache')!r};"
+        f"c.load({path!r});"  # compiles, writes the cache
+        "[sys.modules.pop(m) for m in list(sys.modules) if m.startswith(('yaml', 'jsonschema'))];"
+        f"c.load({path!r});"
+        "print(sorted(m for m in sys.modules if m.startswith(('yaml', 'jsonschema'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    assert out.stdout.strip() == "[]"
