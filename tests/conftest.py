@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -169,11 +169,12 @@ class Containers:
         cid = container_id or f"gh-{uuid.uuid4().hex[:12]}"
         return testbed.run_container(str(bundle), cid, str(self.state), env, runtime)
 
-    def probe(self, node: FakeNode, env: Sequence[str] = (), **kw: Any) -> dict[str, Any]:
-        """Run the standard probe in a container; return what it saw (dev nodes, env,
-        ldconfig -p, nvidia-smi -L) plus the runtime's exit code and stderr."""
-        bundle = self.bundle(args=("/bin/sh", "-c", testbed.PROBE), env=env, **kw)
-        out = self.run(bundle, node.env)
+    def probe(self, runtime_env: Mapping[str, str], **kw: Any) -> dict[str, Any]:
+        """Run the standard probe in a container (``kw`` shapes the bundle: env, annotations,
+        mounts, privileged, hooks); return what it saw (dev nodes, env, ldconfig -p,
+        nvidia-smi -L) plus the runtime's exit code, stderr and the bundle path."""
+        bundle = self.bundle(args=("/bin/sh", "-c", testbed.PROBE), **kw)
+        out = self.run(bundle, runtime_env)
         seen = testbed.parse_probe(out.stdout)
         seen.update(returncode=out.returncode, stderr=out.stderr, bundle=bundle)
         return seen
