@@ -39,5 +39,11 @@ test: build lint typecheck
 demo: build
 	$(PY) tools/demo.py
 
+# Container-start overhead against plain runc (root; ~5 minutes; not a test). Table on stdout,
+# JSON in build/bench/latest.json. BENCH_ARGS e.g. "--peer /path/to/nvidia-container-runtime".
+BENCH_ARGS ?=
+bench: build
+	$(PY) bench/lifecycle.py $(BENCH_ARGS)
+
 clean:
 	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache

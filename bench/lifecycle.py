@@ -1,0 +1,832 @@
+#!/usr/bin/python3
+"""Container-start overhead of gpuhook-runtime over plain runc, measured in one interleaved run.
+
+    make bench                      # or: bench/lifecycle.py [-n 100] [--peer PATH] ...
+
+Each case is a real OCI bundle (a busybox rootfs running /bin/true, the spec ``runc spec``
+writes) on tmpfs, driven through the lifecycle an engine's shim drives: ``create`` (with
+``--log``, ``--log-format json`` and ``--pid-file``), ``start``, reap the container's init (this
+process is a child subreaper, as containerd-shim is), ``delete``. The three runtime calls are
+timed; the container's own run time is not. Every runtime (plain runc, the gpuhook-runtime
+dispatcher an operator installs, any ``--peer``) runs every case in every iteration, in a
+shuffled order, so drift on a busy machine hits them alike. The bundle's config.json is restored
+before each lifecycle (an engine writes a fresh one per container).
+
+Cases: a non-GPU container; the default-"all" leak case (image env NVIDIA_VISIBLE_DEVICES=all,
+Kubernetes CRI annotations, a kubelet checkpoint that allocates nothing to it); 1 GPU; 8 GPUs;
+one MIG device on a node with 8 GPUs and 56 MIG devices; one passthrough call (``list``); and N
+concurrent creates of 1-GPU containers (every create must succeed and every spec must be whole).
+
+Output: a table (min/median/p95 per case and runtime, overhead over runc in ms and as a ratio),
+the targets of issue 8 with their verdicts, and the same as JSON (``--json``, default
+build/bench/latest.json). Needs root, runc, busybox-static and gcc (tools/fake-node).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+
+import testbed  # noqa: E402
+
+FAKE_NODE = os.path.join(REPO, "tools", "fake-node")
+PR_SET_CHILD_SUBREAPER = 36
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# (key, label, node, what the spec carries). node "a": 8 GPUs; node "b": 8 GPUs x 7 MIG devices.
+CASES: tuple[tuple[str, str, str], ...] = (
+    ("nongpu", "non-GPU container", "a"),
+    ("leak", "leak case (env all, k8s, no allocation)", "a"),
+    ("gpu1", "1 GPU", "a"),
+    ("gpu8", "8 GPUs", "a"),
+    ("mig56", "1 MIG device, 56-MIG inventory", "b"),
+)
+PASSTHROUGH = ("passthrough", "passthrough call (list)")
+
+# Targets of issue 8 (medians on the 2-core reference machine), checked on every run.
+TARGET_OVERHEAD_MS = {"nongpu": 10.0, "leak": 12.8, "gpu1": 15.0, "gpu8": 15.0, "mig56": 15.0}
+TARGET_PASSTHROUGH_MS = 1.0
+TARGET_MIG_VS_GPU1 = 1.1
+TARGET_CONCURRENT_P95_FACTOR = 3.0
+
+K8S_ANNOTATIONS = {
+    "io.kubernetes.cri.container-type": "container",
+    "io.kubernetes.cri.container-name": "trainer",
+    "io.kubernetes.cri.sandbox-id": "5f2d1c0b9a8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a3928170",
+    "io.kubernetes.cri.sandbox-name": "trainer-7d9f8c6b5-x2x4q",
+    "io.kubernetes.cri.sandbox-namespace": "ml",
+    "io.kubernetes.cri.sandbox-uid": "0b6c3e1a-6f0e-4c55-9a55-3f1b2a7c9d10",
+    "io.kubernetes.cri.image-name": "registry.example/ml/trainer:1.0",
+}
+
+
+class BenchError(Exception):
+    """A runtime call failed or a spec came out wrong: the bench stops with one line."""
+
+
+# --- statistics ---------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "min": min(values),
+        "median": median(values),
+        "p95": percentile(values, 95),
+        "max": max(values),
+    }
+
+
+# --- runtimes and bundles -----------------------------------------------------------------------
+
+
+class Runtime:
+    def __init__(self, name: str, path: str, env: dict[str, str]) -> None:
+        self.name = name
+        self.path = path
+        self.env = env
+
+
+class Bundle:
+    """A bundle whose config.json is restored from ``original`` before each use."""
+
+    def __init__(self, path: str, original: bytes, runtime: Runtime, state: str) -> None:
+        self.path = path
+        self.original = original
+        self.runtime = runtime
+        self.state = state
+        self.config = os.path.join(path, "config.json")
+        self.stderr = os.path.join(path, "runtime.stderr")
+        self.pid_file = os.path.join(path, "init.pid")
+        self.log = os.path.join(path, "runtime-log.json")
+
+    def reset(self) -> None:
+        with open(self.config, "wb") as fh:
+            fh.write(self.original)
+        for name in ("init.pid", "gpuhook-decision.json", "runtime-log.json"):
+            try:
+                os.unlink(os.path.join(self.path, name))
+            except FileNotFoundError:
+                pass
+
+    def argv(self, *args: str) -> list[str]:
+        rt = self.runtime.path
+        return [rt, "--root", self.state, "--log", self.log, "--log-format", "json", *args]
+
+
+def call(bundle: Bundle, argv: list[str], what: str) -> float:
+    """Run one runtime call; return its wall time in ms. Raises BenchError when it fails."""
+    with open(bundle.stderr, "wb") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=bundle.runtime.env,
+            cwd=bundle.path,
+            check=False,
+        )
+        elapsed = (time.perf_counter() - t0) * 1000.0
+    if proc.returncode != 0:
+        with open(bundle.stderr, "rb") as fh:
+            detail = fh.read().decode(errors="replace").strip().splitlines()
+        raise BenchError(
+            f"{bundle.runtime.name} {what} failed with {proc.returncode} in {bundle.path}: "
+            f"{detail[-1] if detail else '(no stderr)'}"
+        )
+    return elapsed
+
+
+def reap(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait for the container's init (reparented to this subreaper) to exit."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return  # not our child (no subreaper): runc delete copes with a stopped container
+        if done:
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"container init {pid} did not exit within {timeout_s:.0f}s")
+        time.sleep(0.0005)
+
+
+def lifecycle(bundle: Bundle, container_id: str) -> tuple[float, float, float]:
+    """create -> start -> (reap) -> delete; returns the three call times in ms."""
+    bundle.reset()
+    create = call(
+        bundle,
+        bundle.argv("create", "--bundle", bundle.path, "--pid-file", bundle.pid_file, container_id),
+        "create",
+    )
+    with open(bundle.pid_file) as fh:
+        pid = int(fh.read().strip())
+    start = call(bundle, bundle.argv("start", container_id), "start")
+    reap(pid)
+    delete = call(bundle, bundle.argv("delete", container_id), "delete")
+    return create, start, delete
+
+
+def force_delete(runtime: Runtime, state: str, container_id: str) -> None:
+    subprocess.run(
+        [runtime.path, "--root", state, "delete", "--force", container_id],
+        env=runtime.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+# --- the fake nodes -----------------------------------------------------------------------------
+
+
+def make_node(folder: str, hook: str, runc: str, checkpoint: str, *args: str) -> dict[str, Any]:
+    """A fake GPU node (tools/fake-node) with a production-like gpuhook config (log level info,
+    the bench's kubelet checkpoint), its inventory refreshed."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            FAKE_NODE,
+            folder,
+            "--force",
+            "--hook-path",
+            hook,
+            "--runtime",
+            runc,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise BenchError(f"tools/fake-node failed: {out.stderr.strip()}")
+    with open(os.path.join(folder, "node.json")) as fh:
+        truth: dict[str, Any] = json.load(fh)
+    config = os.path.join(folder, "bench-config.yaml")
+    with open(config, "w") as fh:
+        fh.write(
+            "# gpuhook config of the bench's fake node (as an operator's: log level info)\n"
+            f"driver_root: {json.dumps(truth['driver_root'])}\n"
+            f"dev_root: {json.dumps(truth['dev_root'])}\n"
+            f"state_dir: {json.dumps(truth['state_dir'])}\n"
+            f"runtime:\n  path: {json.dumps(runc)}\n"
+            f"log:\n  level: info\n  file: {json.dumps(truth['log_file'])}\n"
+            f"hook:\n  path: {json.dumps(hook)}\n"
+            "policy:\n  kubernetes:\n    env_requests: verify\n"
+            f"    checkpoint: {json.dumps(checkpoint)}\n"
+        )
+    refresh = subprocess.run(
+        [hook, "inventory", "refresh"],
+        env={"PATH": BASE_PATH, "GPUHOOK_CONFIG": config},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if refresh.returncode != 0:
+        raise BenchError(f"gpuhook inventory refresh failed: {refresh.stderr.strip()}")
+    truth["bench_config"] = config
+    return truth
+
+
+def write_checkpoint(path: str, gpu_uuids: list[str]) -> None:
+    """A kubelet device checkpoint in which other pods hold every GPU (nothing for the bench's
+    pod), in the NUMA-map layout of Kubernetes >= 1.20."""
+    entries = [
+        {
+            "PodUID": f"7a1e0c55-0000-4000-8000-{i:012d}",
+            "ContainerName": "worker",
+            "ResourceName": "nvidia.com/gpu",
+            "DeviceIDs": {"0": [gpu]},
+            "AllocResp": "CiQKFk5WSURJQV9WSVNJQkxFX0RFVklDRVMSCkdQVS0wMDAwMDA=",
+        }
+        for i, gpu in enumerate(gpu_uuids)
+    ]
+    with open(path, "w") as fh:
+        json.dump(
+            {"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {}}, "Checksum": 1}, fh
+        )
+
+
+def case_spec_kwargs(case: str, node_b: dict[str, Any]) -> dict[str, Any]:
+    if case == "nongpu":
+        return {}
+    if case == "leak":
+        return {"env": ["NVIDIA_VISIBLE_DEVICES=all"], "annotations": K8S_ANNOTATIONS}
+    if case == "gpu1":
+        return {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}
+    if case == "gpu8":
+        return {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}
+    if case == "mig56":
+        last = node_b["gpus"][-1]["mig_devices"][-1]["uuid"]  # the last of the 56
+        return {"env": [f"NVIDIA_VISIBLE_DEVICES={last}"]}
+    raise ValueError(case)
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, opts: argparse.Namespace) -> None:
+        self.opts = opts
+        self.rng = random.Random(opts.seed)  # noqa: S311 - an order, not a secret
+        base = "/run" if _is_tmpfs("/run") else "/dev/shm"
+        self.work = tempfile.mkdtemp(prefix="gpuhook-bench-", dir=base)
+        self.disk = tempfile.mkdtemp(prefix="gpuhook-bench-nodes-")
+        self.ids = 0
+        self.runtimes: list[Runtime] = []
+        self.states: dict[str, str] = {}
+        self.created: list[tuple[Runtime, str, str]] = []
+
+    def log(self, message: str) -> None:
+        if not self.opts.quiet:
+            sys.stderr.write(f"[bench {time.strftime('%H:%M:%S')}] {message}\n")
+            sys.stderr.flush()
+
+    def next_id(self) -> str:
+        self.ids += 1
+        return f"gb{os.getpid()}-{self.ids}"
+
+    def setup(self) -> None:
+        o = self.opts
+        self.log(f"bundles and runtime state on {self.work}; fake nodes in {self.disk}")
+        checkpoint = os.path.join(self.disk, "kubelet_internal_checkpoint")
+        self.node_a = make_node(
+            os.path.join(self.disk, "a"), o.hook, o.runc, checkpoint, "--gpus", "8"
+        )
+        self.node_b = make_node(
+            os.path.join(self.disk, "b"),
+            o.hook,
+            o.runc,
+            checkpoint,
+            "--gpus",
+            "8",
+            "--mig-gpus",
+            "0,1,2,3,4,5,6,7",
+            "--mig-devices",
+            "7",
+        )
+        write_checkpoint(checkpoint, [g["uuid"] for g in self.node_a["gpus"]])
+        base_env = {"PATH": BASE_PATH, "LANG": "C"}
+        self.runtimes = [Runtime("runc", o.runc, dict(base_env))]
+        self.runtimes.append(Runtime("gpuhook", o.runtime, dict(base_env)))
+        peer_env = dict(base_env)
+        for item in o.peer_env:
+            key, _, value = item.partition("=")
+            peer_env[key] = value
+        for peer in o.peer:
+            name, eq, path = peer.partition("=")
+            if not eq:
+                name, path = os.path.basename(peer), peer
+            self.runtimes.append(Runtime(name, os.path.abspath(path), dict(peer_env)))
+        for rt in self.runtimes:
+            if not os.access(rt.path, os.X_OK):
+                raise BenchError(f"runtime {rt.path} is not executable")
+            self.states[rt.name] = os.path.join(self.work, "state", rt.name)
+            os.makedirs(self.states[rt.name])
+        self.rootfs = testbed.build_rootfs(os.path.join(self.work, "rootfs-template"))
+        self.spec_template = testbed.base_spec(os.path.join(self.work, "spec"))
+        self.bundles: dict[tuple[str, str], Bundle] = {}
+        for case, _, node in CASES:
+            for rt in self.runtimes:
+                self.bundles[(case, rt.name)] = self._bundle(
+                    f"{case}-{rt.name}", rt, node, case_spec_kwargs(case, self.node_b)
+                )
+        widths = [int(n) for n in o.concurrency.split(",") if n.strip()] if o.concurrency else []
+        self.widths = widths
+        self.pool: dict[str, list[Bundle]] = {rt.name: [] for rt in self.runtimes}
+        for rt in self.runtimes:
+            for i in range(max(widths, default=0)):
+                self.pool[rt.name].append(
+                    self._bundle(
+                        f"conc{i}-{rt.name}", rt, "a", case_spec_kwargs("gpu1", self.node_b)
+                    )
+                )
+
+    def _bundle(self, name: str, rt: Runtime, node: str, kw: dict[str, Any]) -> Bundle:
+        path = os.path.join(self.work, "bundles", name)
+        testbed.make_bundle(
+            path, self.rootfs, args=("/bin/true",), spec_template=self.spec_template, **kw
+        )
+        with open(os.path.join(path, "config.json"), "rb") as fh:
+            original = fh.read()
+        truth = self.node_a if node == "a" else self.node_b
+        env = dict(rt.env)
+        env["GPUHOOK_CONFIG"] = truth["bench_config"]
+        runtime = Runtime(rt.name, rt.path, env)
+        return Bundle(path, original, runtime, self.states[rt.name])
+
+    def run_single(self, iterations: int, warmup: int) -> dict[str, dict[str, list[float]]]:
+        """samples[case][runtime] -> lifecycle ms (and case+':create' etc. for the phases)."""
+        samples: dict[str, dict[str, list[float]]] = {}
+        jobs = [(case, rt.name) for case, _, _ in CASES for rt in self.runtimes]
+        jobs += [(PASSTHROUGH[0], rt.name) for rt in self.runtimes]
+        total = warmup + iterations
+        started = time.monotonic()
+        for it in range(total):
+            self.rng.shuffle(jobs)
+            for case, rt_name in jobs:
+                if case == PASSTHROUGH[0]:
+                    b = self.bundles[("nongpu", rt_name)]
+                    ms = call(b, b.argv("list"), "list")
+                    if it >= warmup:
+                        samples.setdefault(case, {}).setdefault(rt_name, []).append(ms)
+                    continue
+                b = self.bundles[(case, rt_name)]
+                cid = self.next_id()
+                try:
+                    create, start, delete = lifecycle(b, cid)
+                except BenchError:
+                    force_delete(b.runtime, b.state, cid)
+                    raise
+                if it in (0, total - 1):
+                    self.check_spec(case, b)
+                if it < warmup:
+                    continue
+                per = samples.setdefault(case, {})
+                per.setdefault(rt_name, []).append(create + start + delete)
+                samples.setdefault(case + ":create", {}).setdefault(rt_name, []).append(create)
+                samples.setdefault(case + ":start", {}).setdefault(rt_name, []).append(start)
+                samples.setdefault(case + ":delete", {}).setdefault(rt_name, []).append(delete)
+            if (it + 1) % max(1, total // 10) == 0:
+                self.log(
+                    f"lifecycles: iteration {it + 1}/{total} ({time.monotonic() - started:.0f}s)"
+                )
+        return samples
+
+    def check_spec(self, case: str, b: Bundle) -> None:
+        """After a create: gpuhook's spec must be whole JSON and carry what the case expects.
+        (The spec is read back after the container was deleted; the bundle stays.)"""
+        spec = _read_spec(b)
+        if b.runtime.name != "gpuhook":
+            return
+        env = spec.get("process", {}).get("env", [])
+        devices = [d.get("path") for d in spec.get("linux", {}).get("devices", []) or []]
+        if case in ("nongpu",):
+            ok = spec == json.loads(b.original)
+        elif case == "leak":
+            ok = "NVIDIA_VISIBLE_DEVICES=void" in env and not any(
+                "nvidia" in str(d) for d in devices
+            )
+        elif case == "gpu1":
+            ok = f"NVIDIA_VISIBLE_DEVICES={self.node_a['gpus'][0]['uuid']}" in env
+        elif case == "gpu8":
+            ok = all(f"/dev/nvidia{i}" in devices for i in range(8))
+        else:
+            ok = "/dev/nvidia7" in devices and any("nvidia-caps" in str(d) for d in devices)
+        if not ok:
+            raise BenchError(
+                f"gpuhook's spec for case {case} is not what the case expects: {b.config}"
+            )
+
+    def run_concurrent(self, rounds: int) -> dict[str, dict[str, Any]]:
+        results: dict[str, dict[str, Any]] = {}
+        for width in self.widths:
+            per: dict[str, Any] = {
+                rt.name: {"latencies": [], "failures": 0, "corrupt": 0} for rt in self.runtimes
+            }
+            for r in range(rounds):
+                order = list(self.runtimes)
+                self.rng.shuffle(order)
+                for rt in order:
+                    lat, fails, corrupt = self._concurrent_round(rt, width)
+                    entry = per[rt.name]
+                    entry["latencies"].extend(lat)
+                    entry["failures"] += fails
+                    entry["corrupt"] += corrupt
+                self.log(f"concurrent creates: N={width} round {r + 1}/{rounds}")
+            results[str(width)] = per
+        return results
+
+    def _concurrent_round(self, rt: Runtime, width: int) -> tuple[list[float], int, int]:
+        bundles = self.pool[rt.name][:width]
+        ids = [self.next_id() for _ in bundles]
+        for b in bundles:
+            b.reset()
+        times: list[float] = [0.0] * width
+        codes: list[int] = [0] * width
+        procs: list[subprocess.Popen[bytes]] = []
+        starts: list[float] = []
+        errs = []
+
+        def wait(i: int) -> None:
+            codes[i] = procs[i].wait()
+            times[i] = (time.perf_counter() - starts[i]) * 1000.0
+
+        threads = []
+        for i, b in enumerate(bundles):
+            err = open(b.stderr, "wb")  # noqa: SIM115 - closed below
+            errs.append(err)
+            starts.append(time.perf_counter())
+            procs.append(
+                subprocess.Popen(
+                    b.argv("create", "--bundle", b.path, "--pid-file", b.pid_file, ids[i]),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    env=b.runtime.env,
+                    cwd=b.path,
+                )
+            )
+            t = threading.Thread(target=wait, args=(i,))
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        for err in errs:
+            err.close()
+        failures = sum(1 for c in codes if c != 0)
+        corrupt = 0
+        for b, code in zip(bundles, codes, strict=True):
+            if code != 0:
+                continue
+            try:
+                spec = _read_spec(b)
+                if rt.name == "gpuhook":
+                    env = spec["process"]["env"]
+                    if f"NVIDIA_VISIBLE_DEVICES={self.node_a['gpus'][0]['uuid']}" not in env:
+                        corrupt += 1
+                elif rt.name == "runc" and spec != json.loads(b.original):
+                    corrupt += 1
+                if any(".gpuhook-tmp-" in n for n in os.listdir(b.path)):
+                    corrupt += 1
+            except (ValueError, KeyError, TypeError, OSError):
+                corrupt += 1
+        # Clean up (not timed): delete every container, concurrently.
+        killers = [
+            subprocess.Popen(
+                [rt.path, "--root", b.state, "delete", "--force", cid],
+                env=b.runtime.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for b, cid in zip(bundles, ids, strict=True)
+        ]
+        for k in killers:
+            k.wait()
+        for b in bundles:
+            try:
+                with open(b.pid_file) as fh:
+                    reap(int(fh.read().strip()), 5.0)
+            except (OSError, ValueError):
+                pass
+        if failures and not self.opts.quiet:
+            b = bundles[codes.index(next(c for c in codes if c != 0))]
+            with open(b.stderr, "rb") as fh:
+                detail = fh.read().decode(errors="replace").strip()
+            self.log(f"{rt.name}: a concurrent create failed: {detail}")
+        return [t for t, c in zip(times, codes, strict=True) if c == 0], failures, corrupt
+
+    def cleanup(self) -> None:
+        for rt in self.runtimes:
+            state = self.states.get(rt.name)
+            if not state or not os.path.isdir(state):
+                continue
+            for cid in os.listdir(state):
+                force_delete(rt, state, cid)
+        if not self.opts.keep:
+            shutil.rmtree(self.work, ignore_errors=True)
+            shutil.rmtree(self.disk, ignore_errors=True)
+        else:
+            self.log(f"kept {self.work} and {self.disk}")
+
+
+def _read_spec(b: Bundle) -> dict[str, Any]:
+    with open(b.config, "rb") as fh:
+        spec: dict[str, Any] = json.loads(fh.read())
+    return spec
+
+
+def _is_tmpfs(path: str) -> bool:
+    try:
+        with open("/proc/self/mounts") as fh:
+            return any(line.split()[1] == path and line.split()[2] == "tmpfs" for line in fh)
+    except OSError:
+        return False
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def build_report(
+    bench: Bench,
+    samples: dict[str, dict[str, list[float]]],
+    concurrent: dict[str, dict[str, Any]],
+    elapsed_s: float,
+) -> dict[str, Any]:
+    names = [rt.name for rt in bench.runtimes]
+    rows: list[dict[str, Any]] = []
+    labels = {key: label for key, label, _ in CASES}
+    labels[PASSTHROUGH[0]] = PASSTHROUGH[1]
+    for key in [c for c, _, _ in CASES] + [PASSTHROUGH[0]]:
+        base = summary(samples[key]["runc"])
+        for name in names:
+            s = summary(samples[key][name])
+            row: dict[str, Any] = {"case": key, "label": labels[key], "runtime": name, **s}
+            row["overhead_ms"] = s["median"] - base["median"]
+            row["ratio"] = s["median"] / base["median"]
+            if key != PASSTHROUGH[0]:
+                phases = {}
+                for phase in ("create", "start", "delete"):
+                    ps = summary(samples[f"{key}:{phase}"][name])
+                    phases[phase] = {"median": ps["median"], "p95": ps["p95"]}
+                row["phases"] = phases
+            rows.append(row)
+    conc_rows = []
+    for width, per in concurrent.items():
+        base_lat = per["runc"]["latencies"]
+        base = summary(base_lat) if base_lat else None
+        for name in names:
+            entry = per[name]
+            lat = entry["latencies"]
+            s = summary(lat) if lat else {"n": 0, "min": 0.0, "median": 0.0, "p95": 0.0, "max": 0.0}
+            conc_rows.append(
+                {
+                    "case": f"concurrent{width}",
+                    "label": f"{width} concurrent creates (1 GPU)",
+                    "runtime": name,
+                    "width": int(width),
+                    "attempts": len(lat) + entry["failures"],
+                    "failures": entry["failures"],
+                    "corrupt_specs": entry["corrupt"],
+                    **s,
+                    "p95_overhead_ms": (s["p95"] - base["p95"]) if base else None,
+                    "ratio": (s["median"] / base["median"]) if base and base["median"] else None,
+                }
+            )
+    targets = evaluate_targets(rows, conc_rows, "gpuhook")
+    peers = {
+        rt.name: evaluate_targets(rows, conc_rows, rt.name)
+        for rt in bench.runtimes
+        if rt.name not in ("runc", "gpuhook")
+    }
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine_info(bench),
+        "iterations": bench.opts.iterations,
+        "warmup": bench.opts.warmup,
+        "rounds": bench.opts.rounds,
+        "seed": bench.opts.seed,
+        "elapsed_s": round(elapsed_s, 1),
+        "runtimes": {rt.name: rt.path for rt in bench.runtimes},
+        "cases": rows,
+        "concurrent": conc_rows,
+        "targets": targets,
+        "peer_targets": peers,
+    }
+
+
+def evaluate_targets(
+    rows: list[dict[str, Any]], conc: list[dict[str, Any]], name: str
+) -> list[dict[str, Any]]:
+    by = {(r["case"], r["runtime"]): r for r in rows}
+    out: list[dict[str, Any]] = []
+
+    def add(label: str, value: float | None, limit: float, unit: str, extra: bool = True) -> None:
+        ok = value is not None and value <= limit and extra
+        out.append({"target": label, "value": value, "limit": limit, "unit": unit, "ok": ok})
+
+    for case, limit in TARGET_OVERHEAD_MS.items():
+        add(f"{case} lifecycle overhead", by[(case, name)]["overhead_ms"], limit, "ms")
+    gpu1 = by[("gpu1", name)]["overhead_ms"]
+    mig = by[("mig56", name)]["overhead_ms"]
+    add("mig56 overhead / gpu1 overhead", mig / gpu1 if gpu1 > 0 else None, TARGET_MIG_VS_GPU1, "x")
+    add(
+        "passthrough overhead",
+        by[("passthrough", name)]["overhead_ms"],
+        TARGET_PASSTHROUGH_MS,
+        "ms",
+    )
+    single = (
+        by[("gpu1", name)]["phases"]["create"]["median"]
+        - by[("gpu1", "runc")]["phases"]["create"]["median"]
+    )
+    for row in conc:
+        if row["runtime"] != name:
+            continue
+        whole = row["failures"] == 0 and row["corrupt_specs"] == 0 and row["n"] > 0
+        limit = TARGET_CONCURRENT_P95_FACTOR * single
+        add(
+            f"{row['width']} concurrent: all ok, p95 overhead <= {TARGET_CONCURRENT_P95_FACTOR:g}x "
+            f"single create overhead ({single:.1f} ms)",
+            row["p95_overhead_ms"],
+            limit,
+            "ms",
+            whole,
+        )
+    return out
+
+
+def machine_info(bench: Bench) -> dict[str, Any]:
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    versions = {}
+    for rt in bench.runtimes:
+        out = subprocess.run(
+            [rt.path, "--version"], capture_output=True, text=True, env=rt.env, check=False
+        )
+        versions[rt.name] = (out.stdout.strip().splitlines() or [""])[0]
+    return {
+        "hostname": platform.node(),
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_avg_at_end": os.getloadavg(),
+        "bundle_fs": bench.work,
+        "versions": versions,
+    }
+
+
+def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
+    m = report["machine"]
+    out.write(
+        f"gpuhook lifecycle bench {report['date']}: {m['cpus']} CPUs ({m['cpu']}), "
+        f"kernel {m['kernel']}, {report['iterations']} iterations (median/p95 of that many), "
+        f"{report['elapsed_s']:.0f}s\n"
+    )
+    out.write(f"runtimes: {', '.join(f'{k} = {v}' for k, v in report['runtimes'].items())}\n\n")
+    head = f"{'case':<40} {'runtime':<10} {'min':>7} {'median':>7} {'p95':>7}"
+    head += f" {'overhead':>9} {'ratio':>6}\n"
+    out.write(head)
+    out.write("-" * (len(head) - 1) + "\n")
+    for row in report["cases"]:
+        over = "" if row["runtime"] == "runc" else f"{row['overhead_ms']:+8.1f}"
+        ratio = "" if row["runtime"] == "runc" else f"{row['ratio']:.2f}x"
+        out.write(
+            f"{row['label']:<40} {row['runtime']:<10} {row['min']:7.1f} {row['median']:7.1f} "
+            f"{row['p95']:7.1f} {over:>9} {ratio:>6}\n"
+        )
+    for row in report["concurrent"]:
+        over = "" if row["runtime"] == "runc" else f"{row['p95_overhead_ms']:+8.1f}"
+        ratio = "" if row["runtime"] == "runc" or row["ratio"] is None else f"{row['ratio']:.2f}x"
+        label = f"{row['label']} ({row['attempts'] - row['failures']}/{row['attempts']} ok"
+        label += f", {row['corrupt_specs']} bad)" if row["corrupt_specs"] else ")"
+        out.write(
+            f"{label:<40} {row['runtime']:<10} {row['min']:7.1f} {row['median']:7.1f} "
+            f"{row['p95']:7.1f} {over:>9} {ratio:>6}\n"
+        )
+    out.write(
+        "\nms per lifecycle (create+start+delete calls; passthrough: one call; concurrent: one "
+        "create, overhead at p95).\n\ntargets (gpuhook):\n"
+    )
+    for t in report["targets"]:
+        value = "n/a" if t["value"] is None else f"{t['value']:.2f} {t['unit']}"
+        verdict = "PASS" if t["ok"] else "FAIL"
+        limit = f"{t['limit']:.2f} {t['unit']}"
+        out.write(f"  {verdict}  {t['target']}: {value} (limit {limit})\n")
+    for peer, targets in report["peer_targets"].items():
+        out.write(
+            f"same targets for {peer}: "
+            + ", ".join(f"{t['target'].split(':')[0]} {'ok' if t['ok'] else 'no'}" for t in targets)
+            + "\n"
+        )
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "-n", "--iterations", type=int, default=100, help="measured lifecycles per case and runtime"
+    )
+    p.add_argument("--warmup", type=int, default=3, help="unmeasured lifecycles first")
+    p.add_argument(
+        "--concurrency", default="32,64", help="widths of the concurrent-create case ('' for none)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=3, help="rounds of each concurrent width per runtime"
+    )
+    p.add_argument("--runtime", default=testbed.RUNTIME, help="gpuhook-runtime to measure")
+    p.add_argument(
+        "--hook", default=testbed.GPUHOOK, help="the gpuhook executable (hooks, inventory)"
+    )
+    p.add_argument("--runc", default=shutil.which("runc") or "/usr/sbin/runc")
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        help="another runc-compatible runtime: PATH or NAME=PATH",
+    )
+    p.add_argument(
+        "--peer-env", action="append", default=[], help="KEY=VALUE in the peers' environment"
+    )
+    p.add_argument("--json", default=os.path.join(REPO, "build", "bench", "latest.json"))
+    p.add_argument("--seed", type=int, default=8)
+    p.add_argument("--keep", action="store_true", help="keep the bundles and fake nodes")
+    p.add_argument("--quiet", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    opts = parse_args(argv)
+    if os.geteuid() != 0:
+        sys.stderr.write("bench: needs root (runc, mknod)\n")
+        return 2
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        sys.stderr.write("bench: cannot become a child subreaper\n")
+        return 2
+    bench = Bench(opts)
+    t0 = time.monotonic()
+    try:
+        bench.setup()
+        bench.log(f"setup done in {time.monotonic() - t0:.0f}s; {opts.iterations} iterations")
+        samples = bench.run_single(opts.iterations, opts.warmup)
+        concurrent = bench.run_concurrent(opts.rounds)
+        report = build_report(bench, samples, concurrent, time.monotonic() - t0)
+    except BenchError as exc:
+        sys.stderr.write(f"bench: {exc}\n")
+        return 1
+    finally:
+        bench.cleanup()
+    print_report(report)
+    if opts.json:
+        os.makedirs(os.path.dirname(os.path.abspath(opts.json)), exist_ok=True)
+        with open(opts.json, "w") as fh:
+            json.dump(report, fh, indent=2)
+            fh.write("\n")
+        sys.stdout.write(f"\nJSON: {opts.json}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,66 @@
+"""The bench harness works end to end (tiny N): every case runs through plain runc and the
+gpuhook-runtime dispatcher, the concurrent creates succeed with whole specs, and the JSON report
+carries what the README table is made of. Timings are not asserted: this is not a timing test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "lifecycle.py"),
+            "-n",
+            "2",
+            "--warmup",
+            "1",
+            "--concurrency",
+            "3",
+            "--rounds",
+            "1",
+            "--quiet",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "targets (gpuhook):" in run.stdout
+    report = json.loads(out.read_text())
+    cases = {(r["case"], r["runtime"]) for r in report["cases"]}
+    for case in ("nongpu", "leak", "gpu1", "gpu8", "mig56", "passthrough"):
+        assert (case, "runc") in cases and (case, "gpuhook") in cases
+    for row in report["cases"]:
+        assert row["n"] == 2 and 0 < row["min"] <= row["median"] <= row["p95"]
+        if row["case"] != "passthrough":
+            assert set(row["phases"]) == {"create", "start", "delete"}
+    concurrent = {r["runtime"]: r for r in report["concurrent"]}
+    for name in ("runc", "gpuhook"):
+        assert concurrent[name]["attempts"] == 3
+        assert concurrent[name]["failures"] == 0
+        assert concurrent[name]["corrupt_specs"] == 0
+    assert {t["target"].split(" ")[0] for t in report["targets"]} >= {
+        "nongpu",
+        "leak",
+        "gpu1",
+        "gpu8",
+        "mig56",
+        "passthrough",
+        "3",
+    }
+    assert report["machine"]["cpus"] >= 1 and report["machine"]["versions"]["runc"]
