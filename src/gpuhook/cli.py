@@ -188,7 +188,8 @@ def inspect_spec(
         except OSError as exc:
             raise UsageError(f"cannot read {target}: {exc.strerror}") from None
     spec = ocispec.parse(raw, bundle_dir)
-    outcome = pipeline.run(spec, obj.config())
+    bundle_abs = os.path.abspath(bundle_dir)
+    outcome = pipeline.run(spec, obj.config(), rootfs=pipeline.rootfs_of(bundle_abs, spec))
     if diff:
         import difflib
         import json
@@ -199,7 +200,7 @@ def inspect_spec(
             "".join(difflib.unified_diff(before, after, source, source + " (gpuhook)")), nl=False
         )
         return
-    emit(views.outcome_view(outcome, os.path.abspath(bundle_dir)), output, views.decision_table)
+    emit(views.outcome_view(outcome, bundle_abs), output, views.decision_table)
 
 
 # --- the entry ----------------------------------------------------------------------------------

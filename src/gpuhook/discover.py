@@ -44,9 +44,14 @@ def visible_value(decision: Decision) -> str | None:
 
 
 def edits_for(
-    decision: Decision, inventory: Inventory | None, config: Config, docker_hook: bool = False
+    decision: Decision,
+    inventory: Inventory | None,
+    config: Config,
+    docker_hook: bool = False,
+    rootfs: str = "",
 ) -> ContainerEdits:
-    """The edits for a decision. ``inventory`` may be None when nothing is injected."""
+    """The edits for a decision. ``inventory`` may be None when nothing is injected.
+    ``rootfs``: the container's absolute rootfs, given to the ld.so.cache hook when known."""
     visible = visible_value(decision)
     env = [f"{ENV_VISIBLE}={visible}"] if visible is not None else []
     remove = (DOCKER_HOOK,) if docker_hook else ()
@@ -121,6 +126,8 @@ def edits_for(
             "--ldconfig",
             config.ldconfig,
         ]
+        if rootfs:
+            args += ["--rootfs", rootfs]
         for folder in folders:
             args += ["--folder", folder]
         hooks.append(

@@ -8,6 +8,10 @@ resolve by soname. It runs the host's ldconfig with ``-r <rootfs>``: ldconfig ch
 rootfs before it reads or writes anything, so the image's symlinks (``/etc``, ``/etc/ld.so.conf.d``,
 the cache itself) resolve inside the container and can never reach a host path. ``-X`` leaves
 the image's own library symlinks alone; the injected sonames are bind mounts already.
+
+gpuhook-runtime writes the hook with ``--rootfs`` (resolved at create time), a form the installed
+``gpuhook`` POSIX sh dispatcher runs itself, with the same environment, bounds and messages, so a
+GPU container's start pays for no Python here; this implementation serves every other form.
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ def update_ldcache(argv: list[str], stdin: bytes) -> list[str]:
 
     folders: list[str] = []
     ldconfig = "/sbin/ldconfig"
+    rootfs = ""
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--folder", "--ldconfig") and i + 1 < len(argv):
+        if arg in ("--folder", "--ldconfig", "--rootfs") and i + 1 < len(argv):
             if arg == "--folder":
                 folders.append(argv[i + 1])
+            elif arg == "--rootfs":
+                rootfs = argv[i + 1]
             else:
                 ldconfig = argv[i + 1]
             i += 2
@@ -46,9 +53,14 @@ def update_ldcache(argv: list[str], stdin: bytes) -> list[str]:
     for folder in folders:
         if not folder.startswith("/") or ".." in folder.split("/"):
             raise UsageError(f"hook update-ldcache: invalid --folder {folder!r}")
-    state = ocispec.parse_state(stdin)
-    bundle = state["bundle"]
-    rootfs = ocispec.rootfs(bundle, ocispec.load(bundle))
+    if rootfs:
+        # gpuhook-runtime resolved it at create time (root.path against the bundle).
+        if not rootfs.startswith("/"):
+            raise UsageError("hook update-ldcache: --rootfs must be an absolute path")
+    else:  # a spec written before --rootfs existed: find the rootfs through the OCI state
+        state = ocispec.parse_state(stdin)
+        bundle = state["bundle"]
+        rootfs = ocispec.rootfs(bundle, ocispec.load(bundle))
     if not os.path.isdir(rootfs):
         raise SpecError(f"container rootfs {rootfs} is not a directory")
     if not os.access(ldconfig, os.X_OK):

@@ -69,6 +69,18 @@ class Outcome(Frozen):
         )
 
 
+def rootfs_of(bundle: str, spec: dict[str, Any]) -> str:
+    """The container's absolute rootfs (root.path against the bundle), "" when the spec has none
+    (runc rejects such a spec itself)."""
+    from gpuhook import ocispec
+    from gpuhook.errors import SpecError
+
+    try:
+        return ocispec.rootfs(bundle, spec)
+    except SpecError:
+        return ""
+
+
 def _default_inventory(config: Config) -> Inventory:
     from gpuhook.inventory import store
 
@@ -87,8 +99,10 @@ def run(
     *,
     inventory_source: InventorySource | None = None,
     checkpoint_source: CheckpointSource | None = None,
+    rootfs: str = "",
 ) -> Outcome:
-    """Decide and compute the new spec. Raises GpuhookError subclasses with one-line messages."""
+    """Decide and compute the new spec. Raises GpuhookError subclasses with one-line messages.
+    ``rootfs``: the container's absolute rootfs when known (see :func:`rootfs_of`)."""
     req = request.parse(spec)
     load_inventory = inventory_source or _default_inventory
     cache: list[Inventory] = []
@@ -116,7 +130,7 @@ def run(
     docker_hook = any(c.channel == "docker-gpus" for c in req.channels)
     try:
         container_edits = discover.edits_for(
-            decision, inventory() if decision.injects else None, config, docker_hook
+            decision, inventory() if decision.injects else None, config, docker_hook, rootfs
         )
     except discover.MissingDevice as exc:
         raise RequestError(str(exc)) from None

@@ -120,7 +120,7 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
     _configure_log(config)
     logger = log.get_logger(container_id=args.container_id, bundle=bundle)
     try:
-        outcome = pipeline.run(spec, config)
+        outcome = pipeline.run(spec, config, rootfs=pipeline.rootfs_of(bundle, spec))
         if outcome.changed:
             ocispec.write(bundle, outcome.spec)
     except GpuhookError as exc:

@@ -1,0 +1,248 @@
+"""`gpuhook hook update-ldcache`, as runc runs it: through the installed sh dispatcher (which runs
+the --rootfs form itself, without Python) and through the Python implementation. Both must start
+the same ldconfig command line, with the same explicit environment, from /, and report the same
+outcomes. A fake ldconfig (a sh script) records what it was started with."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuhook import pipeline
+from tests import factories as f
+
+REPO = Path(__file__).resolve().parents[2]
+DISPATCHER = REPO / "build" / "bin" / "gpuhook"
+CLI_ENTRY = REPO / "src" / "gpuhook" / "_cli_entry.py"
+FOLDER = "/usr/local/gpuhook/lib"
+
+# How runc starts the hook: the spec's explicit env, plus whatever a hostile spec could add.
+HOOK_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LD_LIBRARY_PATH": "/nonexistent", "FOO": "1"}
+
+
+def _impls() -> list[list[str]]:
+    return [[str(DISPATCHER)], [sys.executable, "-I", "-S", str(CLI_ENTRY)]]
+
+
+IMPLS = pytest.mark.parametrize("impl", _impls(), ids=["sh-dispatcher", "python"])
+
+
+@pytest.fixture
+def fake_ldconfig(tmp_path: Path) -> Path:
+    """Records argv, its initial environment (/proc/self/environ: exactly what exec passed),
+    cwd and rlimits; exits with $FAKE_RC (from a file) and sleeps $FAKE_SLEEP."""
+    out = tmp_path / "record"
+    script = tmp_path / "ldconfig"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"exec 3>{out}\n"
+        'printf "%s\\n" "$@" >&3\n'
+        "echo --- >&3\n"
+        "tr '\\0' '\\n' < /proc/$$/environ >&3\n"
+        "echo --- >&3\n"
+        "pwd >&3\n"
+        "ulimit -d >&3; ulimit -t >&3\n"
+        f"[ -f {tmp_path}/sleep ] && sleep $(cat {tmp_path}/sleep)\n"
+        f"exit $(cat {tmp_path}/rc 2>/dev/null || echo 0)\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def _record(ldconfig: Path) -> dict[str, object]:
+    text = (ldconfig.parent / "record").read_text()
+    argv, env, rest = text.split("---\n")
+    cwd, data, cpu = rest.split()
+    environ = dict(line.split("=", 1) for line in env.splitlines() if line)
+    environ.pop("PWD", None)  # the fake ldconfig is a sh script: dash sets PWD itself
+    return {"argv": argv.splitlines(), "env": environ, "cwd": cwd, "data": data, "cpu": cpu}
+
+
+def _run(
+    impl: list[str], *args: str, stdin: str = "", timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*impl, "hook", "update-ldcache", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=HOOK_ENV,
+        cwd="/tmp",
+        timeout=timeout,
+        check=False,
+    )
+
+
+@IMPLS
+def test_rootfs_form_runs_ldconfig_chrooted_with_explicit_env(
+    impl: list[str], fake_ldconfig: Path, tmp_path: Path
+) -> None:
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    result = _run(
+        impl,
+        "--ldconfig",
+        str(fake_ldconfig),
+        "--rootfs",
+        str(rootfs),
+        "--folder",
+        FOLDER,
+        "--folder",
+        FOLDER + "32",
+        stdin='{"ociVersion":"1.0.2","id":"x","status":"creating","bundle":"/nonexistent"}',
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    seen = _record(fake_ldconfig)
+    assert seen["argv"] == ["-X", "-r", str(rootfs), FOLDER, FOLDER + "32"]
+    assert seen["env"] == {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
+    assert seen["cwd"] == "/"
+
+
+def test_sh_dispatcher_bounds_ldconfig(fake_ldconfig: Path, tmp_path: Path) -> None:
+    """The bounds of gpuhook.hooks (heap, CPU time) hold for the sh implementation too."""
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    result = _run([str(DISPATCHER)], "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs))
+    assert result.returncode == 0, result.stderr
+    seen = _record(fake_ldconfig)
+    assert (seen["data"], seen["cpu"]) == ("262144", "10")
+
+
+def test_sh_dispatcher_kills_ldconfig_past_its_wall_time(
+    fake_ldconfig: Path, tmp_path: Path
+) -> None:
+    """An image whose ld.so.conf is a FIFO blocks ldconfig forever: the hook kills it at the
+    bound, warns, and lets the container start."""
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    (tmp_path / "sleep").write_text("30")
+    started = time.monotonic()
+    result = _run(
+        [str(DISPATCHER)],
+        "--ldconfig",
+        str(fake_ldconfig),
+        "--rootfs",
+        str(rootfs),
+        "--timeout",
+        "1",
+    )
+    assert time.monotonic() - started < 10
+    assert result.returncode == 0
+    assert result.stderr == (
+        f"gpuhook hook update-ldcache: {fake_ldconfig} ran past 1s; "
+        "the container's ld.so.cache was not refreshed\n"
+    )
+
+
+@IMPLS
+def test_failing_ldconfig_warns_and_lets_the_container_start(
+    impl: list[str], fake_ldconfig: Path, tmp_path: Path
+) -> None:
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    (tmp_path / "rc").write_text("3")
+    result = _run(impl, "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs))
+    assert result.returncode == 0
+    assert result.stderr == (
+        f"gpuhook hook update-ldcache: {fake_ldconfig} exited with 3; "
+        "the container's ld.so.cache was not refreshed\n"
+    )
+
+
+@IMPLS
+def test_missing_rootfs_fails_the_hook(
+    impl: list[str], fake_ldconfig: Path, tmp_path: Path
+) -> None:
+    missing = tmp_path / "nope"
+    result = _run(impl, "--ldconfig", str(fake_ldconfig), "--rootfs", str(missing))
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"gpuhook hook update-ldcache: container rootfs {missing} is not a directory\n"
+    )
+    assert not (tmp_path / "record").exists()
+
+
+@IMPLS
+def test_non_executable_ldconfig_fails_the_hook(impl: list[str], tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    result = _run(impl, "--ldconfig", str(tmp_path / "none"), "--rootfs", str(rootfs))
+    assert result.returncode == 2
+    assert result.stderr.startswith("gpuhook hook update-ldcache: ")
+    assert f"ldconfig {tmp_path / 'none'} is not executable" in result.stderr
+
+
+@IMPLS
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--folder", "relative/lib"],
+        ["--folder", "/usr/../etc"],
+        ["--rootfs", "relative"],
+        ["--unknown", "x"],
+    ],
+)
+def test_malformed_arguments_are_refused(
+    impl: list[str], bad: list[str], fake_ldconfig: Path, tmp_path: Path
+) -> None:
+    """Anything but the exact form gpuhook-runtime writes is not run by sh: Python refuses it."""
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    args = ["--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), *bad]
+    result = _run(impl, *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("gpuhook hook update-ldcache: ")
+    assert not (tmp_path / "record").exists()
+
+
+@IMPLS
+def test_legacy_form_finds_the_rootfs_through_the_oci_state(
+    impl: list[str], fake_ldconfig: Path, tmp_path: Path
+) -> None:
+    """A spec written before --rootfs existed still works (the dispatcher hands it to Python)."""
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs").mkdir(parents=True)
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}}))
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "bundle": str(bundle)})
+    result = _run(impl, "--ldconfig", str(fake_ldconfig), "--folder", FOLDER, stdin=state)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert _record(fake_ldconfig)["argv"] == ["-X", "-r", str(bundle / "rootfs"), FOLDER]
+
+
+def test_shim_writes_the_rootfs_form() -> None:
+    """The hook gpuhook-runtime writes names the rootfs it resolved at create time."""
+    out = pipeline.run(
+        f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"]),
+        f.config(),
+        inventory_source=lambda _c: f.inventory(8),
+        rootfs="/run/bundles/c1/rootfs",
+    )
+    hook = out.spec["hooks"]["createContainer"][0]
+    assert hook["args"][1:] == [
+        "hook",
+        "update-ldcache",
+        "--ldconfig",
+        "/sbin/ldconfig",
+        "--rootfs",
+        "/run/bundles/c1/rootfs",
+        "--folder",
+        FOLDER,
+    ]
+    assert pipeline.rootfs_of("/run/bundles/c1", {"root": {"path": "rootfs"}}) == (
+        "/run/bundles/c1/rootfs"
+    )
+    assert pipeline.rootfs_of("/b", {"root": {"path": "/abs/root"}}) == "/abs/root"
+    assert pipeline.rootfs_of("/b", {}) == ""
+
+
+def test_dispatcher_is_posix_sh() -> None:
+    """The dispatcher parses with dash (Debian's /bin/sh) and with bash in POSIX mode."""
+    for shell in (["/bin/sh", "-n"], ["bash", "--posix", "-n"]):
+        assert subprocess.run([*shell, str(DISPATCHER)], check=False).returncode == 0
+    assert os.access(DISPATCHER, os.X_OK)
