@@ -8,6 +8,7 @@ untrusted malformed request quietly and fail a trusted one with one line.
 
 from __future__ import annotations
 
+from gpuhook import fastpath
 from gpuhook.errors import SpecError
 from gpuhook.model import (
     CHANNEL_CDI,
@@ -32,15 +33,9 @@ DOCKER_HOOK = "nvidia-container-runtime-hook"
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 MAX_DEVICE_IDS = 256
 
-# Byte strings whose absence from config.json proves that no channel can carry a request.
-# JSON may escape '/' as '\/' and any character as '\uXXXX'; a file containing "\u" always
-# gets the full parse, and none of these markers contains '/'.
-PRECHECK_MARKERS = (
-    ENV_VISIBLE.encode(),
-    b"cdi.k8s.io",
-    b"nvidia-container-devices",
-    DOCKER_HOOK.encode(),
-)
+# The byte pre-check lives in gpuhook.fastpath (the shim's fast path runs it before importing
+# anything else); these names are kept for the rest of the code.
+PRECHECK_MARKERS = fastpath.PRECHECK_MARKERS
 
 # Kubernetes identity annotations: containerd's CRI plugin, then CRI-O.
 _K8S_KEYS = (
@@ -62,14 +57,9 @@ _K8S_KEYS = (
 
 
 def may_request_gpu(raw: bytes) -> bool:
-    """Byte-level pre-check: False proves that the spec carries no GPU request at all.
-
-    Sound by construction: every channel :func:`parse` recognises needs one of the markers to
-    appear literally, unless the file uses ``\\u`` escapes (then this returns True).
-    """
-    if b"\\u" in raw:
-        return True
-    return any(marker in raw for marker in PRECHECK_MARKERS)
+    """Byte-level pre-check: False proves that the spec carries no GPU request at all
+    (:func:`gpuhook.fastpath.may_request_gpu`)."""
+    return fastpath.may_request_gpu(raw)
 
 
 def parse(spec: Any) -> Request:

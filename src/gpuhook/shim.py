@@ -67,7 +67,7 @@ def _exec(runtime: str, argv: list[str], args: RuntimeArgs) -> int:
 
 
 def _create(argv: list[str], args: RuntimeArgs) -> int:
-    from gpuhook import log, ocispec, request
+    from gpuhook import fastpath, log, ocispec, request
 
     bundle = os.path.abspath(args.bundle or ".")
     try:
@@ -76,11 +76,15 @@ def _create(argv: list[str], args: RuntimeArgs) -> int:
         return _fail(args, exc)
 
     if not request.may_request_gpu(raw):
+        identity = fastpath.identity_before_load()
         config = _config_or_none()
         if config is not None:
             _configure_log(config)
-            _record(config, args.container_id, bundle, None, "no GPU marker in config.json")
+            _record(config, args.container_id, bundle, None, fastpath.NOTE)
             log.get_logger(container_id=args.container_id).debug("decision", gpu_container=False)
+            # The next container without GPU markers takes gpuhook.fastpath (no os, no config).
+            debug = config.log_level == "debug"
+            fastpath.remember(identity, config.runtime, config.records_dir, debug)
         runtime = _runtime(config)
         if not runtime:
             return _fail(args, RuntimeNotFoundError("no low-level OCI runtime found"))
