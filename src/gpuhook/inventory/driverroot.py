@@ -12,7 +12,10 @@ import os
 import stat
 
 from gpuhook.fsutil import resolve_in_root
-from gpuhook.inventory import catalog, elf, ldcache
+from gpuhook.inventory import catalog
+
+# elf and ldcache (and struct under them) are imported by the scan functions only: the
+# container-create path imports this module just for staleness_key().
 from gpuhook.model import DeviceNode, HostFile, Library
 
 TYPE_CHECKING = False
@@ -90,6 +93,8 @@ def _scan_libraries(root: str, driver_version: str, result: ScanResult) -> None:
 
 
 def _from_ldcache(root: str, result: ScanResult) -> list[_Candidate] | None:
+    from gpuhook.inventory import ldcache
+
     path = host_path(root, "/etc/ld.so.cache")
     try:
         entries = ldcache.read(path)
@@ -118,6 +123,8 @@ def _arch_class(arch: str) -> str:
 
 
 def _from_directories(root: str, result: ScanResult) -> list[_Candidate]:
+    from gpuhook.inventory import elf
+
     out: list[_Candidate] = []
     prefixes = tuple(n + "." for names in catalog.LIBRARIES.values() for n in names)
     exact = {n for names in catalog.LIBRARIES.values() for n in names}
@@ -157,6 +164,8 @@ def _pick(
     want32: bool,
 ) -> Library | None:
     """The best file for one library name: matching arch, preferring the driver's version."""
+    from gpuhook.inventory import elf
+
     best: tuple[int, Library] | None = None
     for cand in candidates:
         if (cand.arch == "32") != want32:
