@@ -67,9 +67,9 @@ def resolve_one(device_id: str, inventory: Inventory) -> tuple[DeviceRef, ...]:
         raise UnknownDevice(f"unknown MIG device {name}")
     if lowered.startswith("mig-"):
         for gpu in inventory.gpus:
-            for mig in gpu.mig_devices:
-                if mig.uuid.lower() == lowered:
-                    return (DeviceRef(KIND_MIG, mig.uuid, gpu.index, mig.index),)
+            found = gpu.mig_by_uuid(lowered)  # builds only the MIG device it finds
+            if found is not None:
+                return (DeviceRef(KIND_MIG, found.uuid, gpu.index, found.index),)
         raise UnknownDevice(f"unknown MIG UUID {name}")
     gpu_part, colon, mig_part = name.partition(":")
     if colon and gpu_part.isdigit() and mig_part.isdigit():

@@ -71,7 +71,7 @@ def edits_for(
             )
         nodes.append(gpu.node)
         if ref.kind == KIND_MIG:
-            mig = next((m for m in gpu.mig_devices if m.uuid == ref.uuid), None)
+            mig = gpu.mig_by_uuid(ref.uuid)
             if mig is None or len(mig.caps) < 2:
                 raise MissingDevice(
                     f"the nvidia-caps device nodes of MIG device "

@@ -80,6 +80,19 @@ class DeviceNode(Frozen):
             "mode": self.mode,
         }
 
+    @staticmethod
+    def well_formed(d: Any) -> bool:
+        """Whether :meth:`from_dict` accepts ``d`` for certain (a cheap check, no object built)."""
+        return (
+            type(d) is dict
+            and type(d.get("path")) is str
+            and type(d.get("host_path")) is str
+            and type(d.get("major")) is int
+            and type(d.get("minor")) is int
+            and type(d.get("mode")) is int
+            and type(d.get("type")) is str
+        )
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DeviceNode:
         return cls(
@@ -232,6 +245,24 @@ class MigDevice(Frozen):
             "caps": [c.to_dict() for c in self.caps],
         }
 
+    @staticmethod
+    def well_formed(d: Any) -> bool:
+        """Whether :meth:`from_dict` accepts ``d`` for certain (a cheap check, no object built)."""
+        if type(d) is not dict:
+            return False
+        caps = d.get("caps")
+        return (
+            type(d.get("index")) is int
+            and type(d.get("uuid")) is str
+            and type(d.get("gpu_index")) is int
+            and type(d.get("gpu_instance_id")) is int
+            and type(d.get("compute_instance_id")) is int
+            and type(d.get("name")) is str
+            and type(d.get("memory_total")) is int
+            and type(caps) is list
+            and all(DeviceNode.well_formed(c) for c in caps)
+        )
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MigDevice:
         return cls(
@@ -246,7 +277,18 @@ class MigDevice(Frozen):
         )
 
 
-class Gpu(Frozen):
+class _LazyMigs(Frozen):
+    """Base of :class:`Gpu`: a Gpu read from the inventory file keeps its MIG devices in their
+    JSON form (checked, not yet built) until something reads ``mig_devices``, and
+    :meth:`Gpu.mig_by_uuid` builds only the device it finds. On a node with dozens of MIG devices
+    this keeps the container-create path from building objects it never looks at. Not a field:
+    equality, hashing, repr and ``replace`` see ``mig_devices`` (reading it builds them all)."""
+
+    __slots__ = ("_mig_json",)
+    _mig_json: list[dict[str, Any]] | None
+
+
+class Gpu(_LazyMigs):
     """A physical GPU as NVML reports it, plus its device node read from ``dev_root``."""
 
     __slots__ = (
@@ -297,7 +339,33 @@ class Gpu(Frozen):
             mig_enabled=mig_enabled,
             mig_devices=tuple(mig_devices),
             node=node,
+            _mig_json=None,
         )
+
+    if not TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any:
+            # Reached only when a slot is unset: mig_devices of a Gpu whose MIG devices are
+            # still in JSON form. Build them all, once.
+            raw = object.__getattribute__(self, "_mig_json") if name == "mig_devices" else None
+            if raw is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            migs = tuple(MigDevice.from_dict(m) for m in raw)
+            object.__setattr__(self, "mig_devices", migs)
+            object.__setattr__(self, "_mig_json", None)
+            return migs
+
+    def mig_by_uuid(self, uuid: str) -> MigDevice | None:
+        """This GPU's MIG device with ``uuid`` (case-insensitive), or None; builds only that
+        one while the GPU's MIG devices are still in JSON form."""
+        wanted = uuid.lower()
+        raw = self._mig_json
+        if raw is not None:
+            for m in raw:
+                if m["uuid"].lower() == wanted:
+                    return MigDevice.from_dict(m)
+            return None
+        return next((m for m in self.mig_devices if m.uuid.lower() == wanted), None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -315,8 +383,12 @@ class Gpu(Frozen):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Gpu:
+        """The GPU; its MIG devices stay in JSON form when every one is well formed (a damaged
+        one raises ValueError here, as an eager read would)."""
         node = _opt(d, "node", dict)
-        return cls(
+        migs = _objs(d, "mig_devices")
+        lazy = all(MigDevice.well_formed(m) for m in migs)
+        gpu = cls(
             _get(d, "index", int),
             _get(d, "uuid", str),
             _get(d, "minor", int),
@@ -325,9 +397,13 @@ class Gpu(Frozen):
             _get(d, "pci_bus_id", str),
             _get(d, "compute_capability", str),
             _get(d, "mig_enabled", bool),
-            tuple(MigDevice.from_dict(m) for m in _objs(d, "mig_devices")),
+            () if lazy else tuple(MigDevice.from_dict(m) for m in migs),
             DeviceNode.from_dict(node) if node is not None else None,
         )
+        if lazy and migs:
+            object.__delattr__(gpu, "mig_devices")
+            object.__setattr__(gpu, "_mig_json", migs)
+        return gpu
 
 
 INVENTORY_SCHEMA_VERSION = 1
