@@ -13,9 +13,7 @@ gets GPUs. Every decision carries its reasons.
 
 from __future__ import annotations
 
-from gpuhook import devices
 from gpuhook.errors import RequestError
-from gpuhook.inventory.catalog import CAPABILITIES
 from gpuhook.model import (
     CHANNEL_CDI,
     CHANNEL_DOCKER,
@@ -65,6 +63,8 @@ def _chosen(request: Request) -> ChannelRequest | None:
 
 def parse_capabilities(raw: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
     """NVIDIA_DRIVER_CAPABILITIES -> sorted capability names. Raises RequestError on unknowns."""
+    from gpuhook.inventory.catalog import CAPABILITIES
+
     if raw is None or not raw.strip():
         return tuple(sorted(default))
     names = [t.strip().lower() for t in raw.split(",") if t.strip()]
@@ -155,6 +155,8 @@ def decide(
                 return refuse(
                     f"no nvidia.com/* devices are allocated to {who} in the kubelet checkpoint"
                 )
+            from gpuhook import devices
+
             refs, errors = devices.resolve(ids, inventory())
             if errors:
                 reasons.append(
@@ -201,6 +203,8 @@ def decide(
             channel=chosen.channel,
             reasons=tuple(reasons),
         )
+
+    from gpuhook import devices  # only a grant resolves devices (a refusal stays cheap)
 
     inv = inventory()
     if chosen.channel == CHANNEL_CDI:
