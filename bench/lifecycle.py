@@ -143,59 +143,62 @@ class Bundle:
         return [rt, "--root", self.state, "--log", self.log, "--log-format", "json", *args]
 
 
-def call(bundle: Bundle, argv: list[str], what: str) -> float:
-    """Run one runtime call; return its wall time in ms. Raises BenchError when it fails."""
-    with open(bundle.stderr, "wb") as err:
-        t0 = time.perf_counter()
-        proc = subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            env=bundle.runtime.env,
-            cwd=bundle.path,
-            check=False,
-        )
-        elapsed = (time.perf_counter() - t0) * 1000.0
-    if proc.returncode != 0:
+def call(bundle: Bundle, argv: list[str], what: str) -> tuple[float, float]:
+    """Run one runtime call as a shim does (stdin and stdout /dev/null, cwd the bundle); return
+    its wall time and CPU time (user+sys of it and the children it waited for) in ms. Raises
+    BenchError when it fails. posix_spawn + wait4: the least harness work around the call."""
+    os.chdir(bundle.path)
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 2, bundle.stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+    ]
+    t0 = time.perf_counter()
+    pid = os.posix_spawn(argv[0], argv, bundle.runtime.env, file_actions=actions)
+    _, status, usage = os.wait4(pid, 0)
+    elapsed = (time.perf_counter() - t0) * 1000.0
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
         with open(bundle.stderr, "rb") as fh:
             detail = fh.read().decode(errors="replace").strip().splitlines()
         raise BenchError(
-            f"{bundle.runtime.name} {what} failed with {proc.returncode} in {bundle.path}: "
+            f"{bundle.runtime.name} {what} failed with {code} in {bundle.path}: "
             f"{detail[-1] if detail else '(no stderr)'}"
         )
-    return elapsed
+    return elapsed, (usage.ru_utime + usage.ru_stime) * 1000.0
 
 
-def reap(pid: int, timeout_s: float = 10.0) -> None:
-    """Wait for the container's init (reparented to this subreaper) to exit."""
+def reap(pid: int, timeout_s: float = 10.0) -> float:
+    """Wait for the container's init (reparented to this subreaper) to exit; return its CPU
+    time in ms (runc init's own work in the container, and the hooks it ran and waited for)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
+            done, _, usage = os.wait4(pid, os.WNOHANG)
         except ChildProcessError:
-            return  # not our child (no subreaper): runc delete copes with a stopped container
+            return 0.0  # not our child (no subreaper): runc delete copes with a stopped container
         if done:
-            return
+            return (usage.ru_utime + usage.ru_stime) * 1000.0
         if time.monotonic() > deadline:
             raise BenchError(f"container init {pid} did not exit within {timeout_s:.0f}s")
         time.sleep(0.0005)
 
 
-def lifecycle(bundle: Bundle, container_id: str) -> tuple[float, float, float]:
-    """create -> start -> (reap) -> delete; returns the three call times in ms."""
+def lifecycle(bundle: Bundle, container_id: str) -> tuple[float, float, float, float]:
+    """create -> start -> (reap) -> delete; returns the three call times and the CPU time of
+    the whole lifecycle (the calls, the container's init and its hooks), in ms."""
     bundle.reset()
-    create = call(
+    create, cpu_create = call(
         bundle,
         bundle.argv("create", "--bundle", bundle.path, "--pid-file", bundle.pid_file, container_id),
         "create",
     )
     with open(bundle.pid_file) as fh:
         pid = int(fh.read().strip())
-    start = call(bundle, bundle.argv("start", container_id), "start")
-    reap(pid)
-    delete = call(bundle, bundle.argv("delete", container_id), "delete")
-    return create, start, delete
+    start, cpu_start = call(bundle, bundle.argv("start", container_id), "start")
+    cpu_init = reap(pid)
+    delete, cpu_delete = call(bundle, bundle.argv("delete", container_id), "delete")
+    return create, start, delete, cpu_create + cpu_start + cpu_init + cpu_delete
 
 
 def force_delete(runtime: Runtime, state: str, container_id: str) -> None:
@@ -301,10 +304,15 @@ def case_spec_kwargs(case: str, node_b: dict[str, Any]) -> dict[str, Any]:
 class Bench:
     def __init__(self, opts: argparse.Namespace) -> None:
         self.opts = opts
+        self.load_at_start = os.getloadavg()
         self.rng = random.Random(opts.seed)  # noqa: S311 - an order, not a secret
         base = "/run" if _is_tmpfs("/run") else "/dev/shm"
         self.work = tempfile.mkdtemp(prefix="gpuhook-bench-", dir=base)
-        self.disk = tempfile.mkdtemp(prefix="gpuhook-bench-nodes-")
+        if opts.nodes:
+            self.disk = os.path.abspath(opts.nodes)
+            os.makedirs(self.disk, exist_ok=True)
+        else:
+            self.disk = tempfile.mkdtemp(prefix="gpuhook-bench-nodes-")
         self.ids = 0
         self.runtimes: list[Runtime] = []
         self.states: dict[str, str] = {}
@@ -400,14 +408,15 @@ class Bench:
             for case, rt_name in jobs:
                 if case == PASSTHROUGH[0]:
                     b = self.bundles[("nongpu", rt_name)]
-                    ms = call(b, b.argv("list"), "list")
+                    ms, cpu = call(b, b.argv("list"), "list")
                     if it >= warmup:
                         samples.setdefault(case, {}).setdefault(rt_name, []).append(ms)
+                        samples.setdefault(case + ":cpu", {}).setdefault(rt_name, []).append(cpu)
                     continue
                 b = self.bundles[(case, rt_name)]
                 cid = self.next_id()
                 try:
-                    create, start, delete = lifecycle(b, cid)
+                    create, start, delete, cpu = lifecycle(b, cid)
                 except BenchError:
                     force_delete(b.runtime, b.state, cid)
                     raise
@@ -420,6 +429,7 @@ class Bench:
                 samples.setdefault(case + ":create", {}).setdefault(rt_name, []).append(create)
                 samples.setdefault(case + ":start", {}).setdefault(rt_name, []).append(start)
                 samples.setdefault(case + ":delete", {}).setdefault(rt_name, []).append(delete)
+                samples.setdefault(case + ":cpu", {}).setdefault(rt_name, []).append(cpu)
             if (it + 1) % max(1, total // 10) == 0:
                 self.log(
                     f"lifecycles: iteration {it + 1}/{total} ({time.monotonic() - started:.0f}s)"
@@ -559,7 +569,8 @@ class Bench:
                 force_delete(rt, state, cid)
         if not self.opts.keep:
             shutil.rmtree(self.work, ignore_errors=True)
-            shutil.rmtree(self.disk, ignore_errors=True)
+            if not self.opts.nodes:
+                shutil.rmtree(self.disk, ignore_errors=True)
         else:
             self.log(f"kept {self.work} and {self.disk}")
 
@@ -598,6 +609,9 @@ def build_report(
             row: dict[str, Any] = {"case": key, "label": labels[key], "runtime": name, **s}
             row["overhead_ms"] = s["median"] - base["median"]
             row["ratio"] = s["median"] / base["median"]
+            cpu = median(samples[f"{key}:cpu"][name])
+            row["cpu_median_ms"] = cpu
+            row["cpu_overhead_ms"] = cpu - median(samples[f"{key}:cpu"]["runc"])
             if key != PASSTHROUGH[0]:
                 phases = {}
                 for phase in ("create", "start", "delete"):
@@ -625,6 +639,7 @@ def build_report(
                     **s,
                     "p95_overhead_ms": (s["p95"] - base["p95"]) if base else None,
                     "ratio": (s["median"] / base["median"]) if base and base["median"] else None,
+                    "p95_ratio": (s["p95"] / base["p95"]) if base and base["p95"] else None,
                 }
             )
     targets = evaluate_targets(rows, conc_rows, "gpuhook")
@@ -712,6 +727,7 @@ def machine_info(bench: Bench) -> dict[str, Any]:
         "cpu": cpu,
         "kernel": platform.release(),
         "python": platform.python_version(),
+        "load_avg_at_start": bench.load_at_start,
         "load_avg_at_end": os.getloadavg(),
         "bundle_fs": bench.work,
         "versions": versions,
@@ -726,29 +742,38 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
         f"{report['elapsed_s']:.0f}s\n"
     )
     out.write(f"runtimes: {', '.join(f'{k} = {v}' for k, v in report['runtimes'].items())}\n\n")
-    head = f"{'case':<40} {'runtime':<10} {'min':>7} {'median':>7} {'p95':>7}"
-    head += f" {'overhead':>9} {'ratio':>6}\n"
+    head = f"{'case':<42} {'runtime':<10} {'min':>7} {'median':>7} {'p95':>7}"
+    head += f" {'overhead':>9} {'ratio':>6} {'cpu':>6} {'cpu+':>6}\n"
     out.write(head)
     out.write("-" * (len(head) - 1) + "\n")
     for row in report["cases"]:
-        over = "" if row["runtime"] == "runc" else f"{row['overhead_ms']:+8.1f}"
-        ratio = "" if row["runtime"] == "runc" else f"{row['ratio']:.2f}x"
+        base = row["runtime"] == "runc"
+        over = "" if base else f"{row['overhead_ms']:+8.1f}"
+        ratio = "" if base else f"{row['ratio']:.2f}x"
+        cpu_over = "" if base else f"{row['cpu_overhead_ms']:+6.1f}"
         out.write(
-            f"{row['label']:<40} {row['runtime']:<10} {row['min']:7.1f} {row['median']:7.1f} "
-            f"{row['p95']:7.1f} {over:>9} {ratio:>6}\n"
+            f"{row['label']:<42} {row['runtime']:<10} {row['min']:7.1f} {row['median']:7.1f} "
+            f"{row['p95']:7.1f} {over:>9} {ratio:>6} {row['cpu_median_ms']:6.1f} {cpu_over:>6}\n"
         )
     for row in report["concurrent"]:
-        over = "" if row["runtime"] == "runc" else f"{row['p95_overhead_ms']:+8.1f}"
-        ratio = "" if row["runtime"] == "runc" or row["ratio"] is None else f"{row['ratio']:.2f}x"
-        label = f"{row['label']} ({row['attempts'] - row['failures']}/{row['attempts']} ok"
-        label += f", {row['corrupt_specs']} bad)" if row["corrupt_specs"] else ")"
+        base = row["runtime"] == "runc"
+        over = "" if base else f"{row['p95_overhead_ms']:+8.1f}"
+        ratio = "" if base or row["p95_ratio"] is None else f"{row['p95_ratio']:.2f}x"
+        label = f"{row['width']} concurrent creates, 1 GPU: "
+        label += f"{row['attempts'] - row['failures']}/{row['attempts']} ok"
+        label += f", {row['corrupt_specs']} bad" if row["corrupt_specs"] else ""
         out.write(
-            f"{label:<40} {row['runtime']:<10} {row['min']:7.1f} {row['median']:7.1f} "
+            f"{label:<42} {row['runtime']:<10} {row['min']:7.1f} {row['median']:7.1f} "
             f"{row['p95']:7.1f} {over:>9} {ratio:>6}\n"
         )
+    la = report["machine"]
     out.write(
-        "\nms per lifecycle (create+start+delete calls; passthrough: one call; concurrent: one "
-        "create, overhead at p95).\n\ntargets (gpuhook):\n"
+        "\nms of wall time per lifecycle (create+start+delete calls; passthrough: one call); "
+        "overhead and ratio: median against runc's in the same run; cpu: median CPU ms of the "
+        "lifecycle (calls, container init, hooks), cpu+: over runc's. Concurrent rows: one "
+        "create each; overhead and ratio at p95. Load average at start "
+        f"{la['load_avg_at_start'][0]:.2f}, at end {la['load_avg_at_end'][0]:.2f}.\n"
+        "\ntargets (gpuhook):\n"
     )
     for t in report["targets"]:
         value = "n/a" if t["value"] is None else f"{t['value']:.2f} {t['unit']}"
@@ -773,7 +798,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--concurrency", default="32,64", help="widths of the concurrent-create case ('' for none)"
     )
     p.add_argument(
-        "--rounds", type=int, default=3, help="rounds of each concurrent width per runtime"
+        "--rounds", type=int, default=5, help="rounds of each concurrent width per runtime"
     )
     p.add_argument("--runtime", default=testbed.RUNTIME, help="gpuhook-runtime to measure")
     p.add_argument(
@@ -788,6 +813,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--peer-env", action="append", default=[], help="KEY=VALUE in the peers' environment"
+    )
+    p.add_argument(
+        "--nodes",
+        metavar="DIR",
+        help="build the fake nodes in DIR/a and DIR/b and keep them (same paths and UUIDs on "
+        "every run, e.g. for a peer runtime's CDI spec)",
     )
     p.add_argument("--json", default=os.path.join(REPO, "build", "bench", "latest.json"))
     p.add_argument("--seed", type=int, default=8)
