@@ -788,6 +788,37 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
         )
 
 
+def markdown(report: dict[str, Any]) -> str:
+    """The table as Markdown (for the README): one row per case, one column group per runtime."""
+    names = list(report["runtimes"])
+    others = [n for n in names if n != "runc"]
+    head = ["case", "runc median (p95)"]
+    head += [f"{n} median (p95), overhead, ratio" for n in others]
+    head += [f"{n} CPU overhead" for n in others]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by = {(r["case"], r["runtime"]): r for r in report["cases"]}
+    for key, label in [(c, lbl) for c, lbl, _ in CASES] + [PASSTHROUGH]:
+        base = by[(key, "runc")]
+        cells = [label, f"{base['median']:.1f} ({base['p95']:.1f})"]
+        for n in others:
+            r = by[(key, n)]
+            over = f"**{r['overhead_ms']:+.1f}**"
+            cells.append(f"{r['median']:.1f} ({r['p95']:.1f}), {over}, {r['ratio']:.2f}x")
+        cells += [f"{by[(key, n)]['cpu_overhead_ms']:+.1f}" for n in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    conc = {(r["width"], r["runtime"]): r for r in report["concurrent"]}
+    for width in sorted({r["width"] for r in report["concurrent"]}):
+        base = conc[(width, "runc")]
+        cells = [f"{width} concurrent creates (1 GPU), p95", f"{base['p95']:.1f}"]
+        for n in others:
+            r = conc[(width, n)]
+            ok = f"{r['attempts'] - r['failures']}/{r['attempts']} ok"
+            cells.append(f"{r['p95']:.1f}, **{r['p95_overhead_ms']:+.1f}**, {ok}")
+        cells += ["" for _ in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -821,6 +852,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "every run, e.g. for a peer runtime's CDI spec)",
     )
     p.add_argument("--json", default=os.path.join(REPO, "build", "bench", "latest.json"))
+    p.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown")
     p.add_argument("--seed", type=int, default=8)
     p.add_argument("--keep", action="store_true", help="keep the bundles and fake nodes")
     p.add_argument("--quiet", action="store_true")
@@ -856,6 +888,9 @@ def main(argv: list[str]) -> int:
             json.dump(report, fh, indent=2)
             fh.write("\n")
         sys.stdout.write(f"\nJSON: {opts.json}\n")
+    if opts.markdown:
+        with open(opts.markdown, "w") as fh:
+            fh.write(markdown(report))
     return 0
 
 
