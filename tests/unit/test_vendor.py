@@ -21,7 +21,7 @@ VENDORED = REPO / "src" / "gpuhook" / "_vendor" / "pynvml.py"
 def test_vendored_copy_is_the_pinned_release() -> None:
     pin = re.search(r"nvidia-ml-py==([0-9.]+)", (REPO / "scripts" / "bootstrap").read_text())
     assert pin is not None
-    assert _vendor.PYNVML_VERSION == pin.group(1)
+    assert pin.group(1) == _vendor.PYNVML_VERSION
     body = VENDORED.read_bytes()
     assert hashlib.sha256(body).hexdigest() == _vendor.PYNVML_SHA256
     assert b"Redistribution and use in source and binary forms" in body[:2000]  # BSD-3 header
