@@ -39,5 +39,9 @@ test: build lint typecheck
 demo: build
 	$(PY) tools/demo.py
 
+# dist/gpuhook_<version>_all.deb with Debian's tools, then lintian (fails on errors).
+deb:
+	packaging/deb/build-deb
+
 clean:
-	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist packaging/deb/build .pytest_cache .mypy_cache .ruff_cache
