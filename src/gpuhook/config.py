@@ -459,6 +459,13 @@ def _check_mps(path: str, mps: dict[str, Any]) -> None:
 
     if mps["shm"] and not mps["shm"].startswith("/"):
         raise ConfigError(path, "must be an absolute path or empty", "mps.shm")
+    for name in mps["groups"]:
+        if name.startswith("gpu") and name[3:].isdigit():
+            raise ConfigError(
+                path,
+                "gpu<index> is the name of a per-GPU group; choose another",
+                f"mps.groups.{name}",
+            )
     where: dict[str, str] = {}
     lists = [("mps.gpus", mps["gpus"])]
     lists += [(f"mps.groups.{name}.gpus", g["gpus"]) for name, g in mps["groups"].items()]

@@ -340,9 +340,7 @@ def select_groups(groups: tuple[Group, ...], names: tuple[str, ...]) -> tuple[Gr
             )
         if match is None:
             shared = ", ".join(f"{g.name} (GPU {g.indices})" for g in groups) or "none"
-            raise UsageError(
-                f"{name!r} is not an MPS-shared GPU or share group (shared: {shared})"
-            )
+            raise UsageError(f"{name!r} is not an MPS-shared GPU or share group (shared: {shared})")
         chosen[match.name] = match
     return tuple(g for g in groups if g.name in chosen)
 
