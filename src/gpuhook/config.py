@@ -319,6 +319,8 @@ def _read_cache(cache_dir: str, identity: list[Any]) -> dict[str, Any] | None:
         return None
     if not isinstance(cached.get("config"), dict) or not isinstance(cached.get("runtime"), str):
         return None
+    if any(key not in cached["config"] for key in DEFAULTS):
+        return None  # compiled by a build that knew fewer sections (same version string)
     return cached
 
 
