@@ -194,7 +194,15 @@ def inspect_spec(
         except OSError as exc:
             raise UsageError(f"cannot read {target}: {exc.strerror}") from None
     spec = ocispec.parse(raw, bundle_dir)
-    outcome = pipeline.run(spec, obj.config())
+    config = obj.config()
+
+    def mps_usage() -> dict[str, tuple[int, int]]:
+        from gpuhook import records
+
+        # a dry run over a live container's bundle must not count that container twice
+        return records.mps_usage(config, "", os.path.abspath(bundle_dir))
+
+    outcome = pipeline.run(spec, config, mps_usage_source=mps_usage)
     if diff:
         import difflib
         import json

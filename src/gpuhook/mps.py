@@ -161,13 +161,18 @@ class Daemon:
                 self._remove_pid_file()
                 if self.config.mps.exclusive_process:
                     self._compute_mode("EXCLUSIVE_PROCESS")
-                self._spawn()
-                pid = _wait(self.pid, START_TIMEOUT_S)
-                if pid is None:
-                    raise MpsError(
-                        f"{self.label}: the control daemon did not come up within "
-                        f"{START_TIMEOUT_S:.0f}s; see {self.log_dir}/control.log"
-                    )
+                try:
+                    self._spawn()
+                    pid = _wait(self.pid, START_TIMEOUT_S)
+                    if pid is None:
+                        raise MpsError(
+                            f"{self.label}: the control daemon did not come up within "
+                            f"{START_TIMEOUT_S:.0f}s; see {self.log_dir}/control.log"
+                        )
+                except MpsError:
+                    if self.config.mps.exclusive_process:  # no daemon: leave the GPUs usable
+                        self._compute_mode("DEFAULT")
+                    raise
                 state = "started"
             defaults = self.group.default_commands()
             for command in defaults:

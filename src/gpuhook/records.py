@@ -108,13 +108,16 @@ def write(config: Config, container_id: str, bundle: str, record: dict[str, Any]
     return ""
 
 
-def mps_usage(config: Config, exclude_id: str) -> dict[str, tuple[int, int]]:
+def mps_usage(
+    config: Config, exclude_id: str, exclude_bundle: str = ""
+) -> dict[str, tuple[int, int]]:
     """The MPS pinned memory limits of the live containers: GPU uuid -> (bytes, containers).
 
     A container is live while its record link resolves: the engine removes the bundle (and the
     record in it) when it deletes the container, which leaves the link dangling. Only limits
     marked ``counted`` add up (a container with no limit on a GPU promised nothing). The
-    container being created (``exclude_id``) is left out, so a re-created id is not counted twice.
+    container being created (``exclude_id``, or the record in ``exclude_bundle`` for a dry run)
+    is left out, so it is not counted twice.
     """
     usage: dict[str, tuple[int, int]] = {}
     folder = config.records_dir
@@ -126,8 +129,15 @@ def mps_usage(config: Config, exclude_id: str) -> dict[str, tuple[int, int]]:
     for name in names:
         if not name.endswith(".json") or name == skip:
             continue
+        link = os.path.join(folder, name)
+        if exclude_bundle:
+            try:
+                if os.path.dirname(os.readlink(link)) == exclude_bundle:
+                    continue
+            except OSError:
+                pass
         try:
-            with open(os.path.join(folder, name), "rb") as fh:
+            with open(link, "rb") as fh:
                 record = _fastjson.loads(fh.read())
         except (OSError, ValueError):
             continue  # dangling link (the container is gone) or unreadable

@@ -435,6 +435,11 @@ def test_pinned_limits_over_the_gpu_memory_are_refused_under_reject(
         "(40G for this container, 50G for 1 live container(s)); mps.oversubscription is reject\n"
     )
     assert (second / "config.json").read_bytes() == before
+    # a dry run over the live container's own bundle does not count it twice
+    dry = mps.gpuhook("inspect", "spec", "--bundle", str(first_bundle), "-o", "json")
+    assert dry.returncode == 0, dry.stderr
+    dry = mps.gpuhook("inspect", "spec", "--bundle", str(second), "-o", "json")
+    assert (dry.returncode, dry.stderr) == (1, out.stderr)
     other_gpu = containers.bundle(args=("/bin/true",), env=["NVIDIA_VISIBLE_DEVICES=1"])
     assert containers.run(other_gpu, env).returncode == 0  # not shared: not counted
     shutil.rmtree(first_bundle)  # the engine deletes the container with its bundle
