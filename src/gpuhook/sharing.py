@@ -487,12 +487,13 @@ class MpsPlan(Frozen):
 def plan(
     decision: Decision, inventory: Inventory, mps: MpsConfig, source: str, request: Request
 ) -> MpsPlan | None:
-    """The MPS plan for a decision; None when it grants no MPS-shared GPU. Raises
+    """The MPS plan for a decision; None when it grants no MPS-shared GPU or no ``compute``
+    capability (a utility-only container, such as a GPU monitor, runs no CUDA). Raises
     :class:`RequestError` (one line) when the grant cannot be served by one daemon or an
     annotation is malformed or wider than the share, :class:`ConfigError` for a config that does
     not fit the node."""
-    if not decision.devices:
-        return None
+    if not decision.devices or "compute" not in decision.capabilities:
+        return None  # no CUDA without the compute libraries: not an MPS client (e.g. monitoring)
     groups = resolve_groups(mps, inventory, source)
     group_of = {gpu.uuid: g for g in groups for gpu in g.gpus}
     shared = [d for d in decision.devices if d.kind == KIND_GPU and d.uuid in group_of]

@@ -191,6 +191,19 @@ def test_not_shared_gets_no_plan() -> None:
     assert plan(Decision(gpu_container=True, driver_only=True), gpus=[0]) is None
 
 
+def test_a_utility_only_container_is_no_mps_client() -> None:
+    """A GPU monitor (NVIDIA_DRIVER_CAPABILITIES=utility) granted every GPU runs no CUDA, so it
+    is neither refused for mixing shared and unshared GPUs nor given MPS limits."""
+    monitor = grant(0, 1, 2).replace(capabilities=("utility",))
+    assert plan(monitor, gpus=[0]) is None
+    out = run(
+        f.spec(env=["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=utility"]),
+        probe=None,
+        gpus=[0],
+    )
+    assert out.mps is None and len(out.decision.devices) == 8
+
+
 def test_single_gpu_with_the_configured_share() -> None:
     p = plan(grant(2), gpus=[2], replicas=4)
     assert p is not None
@@ -309,6 +322,7 @@ def test_grants_one_daemon_cannot_serve() -> None:
             DeviceRef(KIND_GPU, UUIDS[0], 0),
             DeviceRef(KIND_MIG, f.mig_uuid(6, 0), 6, 0),
         ),
+        capabilities=("compute", "utility"),
     )
     assert "but MIG device 6:0 is not" in refusal(mig, gpus=[0])
     assert "request all of GPUs 0,3, or give GPU 3 its own group" in refusal(
