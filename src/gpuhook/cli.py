@@ -157,7 +157,13 @@ def inspect_node(obj: Context, output: str | None, refresh: bool) -> None:
     config = obj.config()
     if refresh:
         store.refresh(config)
-    emit(views.node_view(config, store.status(config)), output, views.node_table)
+    status = store.status(config)
+    mps_state = None
+    if status.inventory is not None and config.mps.enabled:
+        from gpuhook import mps
+
+        mps_state = mps.node_state(config, status.inventory)
+    emit(views.node_view(config, status, mps_state), output, views.node_table)
 
 
 @inspect_group.command("spec")
@@ -188,7 +194,15 @@ def inspect_spec(
         except OSError as exc:
             raise UsageError(f"cannot read {target}: {exc.strerror}") from None
     spec = ocispec.parse(raw, bundle_dir)
-    outcome = pipeline.run(spec, obj.config())
+    config = obj.config()
+
+    def mps_usage() -> dict[str, tuple[int, int]]:
+        from gpuhook import records
+
+        # a dry run over a live container's bundle must not count that container twice
+        return records.mps_usage(config, "", os.path.abspath(bundle_dir))
+
+    outcome = pipeline.run(spec, config, mps_usage_source=mps_usage)
     if diff:
         import difflib
         import json
@@ -217,6 +231,79 @@ def hook_update_ldcache(args: tuple[str, ...]) -> None:
     from gpuhook.hooks import main as hook_main
 
     raise click.exceptions.Exit(hook_main(["update-ldcache", *args]))
+
+
+# --- mps ---------------------------------------------------------------------------------------
+
+
+@main.group("mps")
+def mps_group() -> None:
+    """CUDA MPS control daemons of the MPS-shared GPUs (mps.* in the config).
+
+    GPU arguments are GPU indices, GPU UUIDs or share-group names; none means every group.
+    """
+
+
+def _mps_daemons(obj: Context, gpus: tuple[str, ...]) -> list[Any]:
+    from gpuhook import mps
+    from gpuhook.inventory import store
+
+    config = obj.config()
+    return mps.daemons(config, store.load_current(config), gpus)
+
+
+def _mps_each(obj: Context, gpus: tuple[str, ...], action: str) -> None:
+    """Run start or stop on every named group; the first failure is raised after the others ran."""
+    from gpuhook.errors import GpuhookError
+
+    failures: list[GpuhookError] = []
+    for daemon in _mps_daemons(obj, gpus):
+        try:
+            result = daemon.start() if action == "start" else daemon.stop()
+        except GpuhookError as exc:
+            log.get_logger().error(
+                "mps " + action + " failed", group=daemon.group.name, error=str(exc)
+            )
+            failures.append(exc)
+            continue
+        log.get_logger().info("mps " + action, **result)
+        pid = f" (pid {result['pid']})" if result["pid"] else ""
+        click.echo(f"{daemon.label}: {result['state']}{pid}, pipe {daemon.pipe_dir}")
+    if failures:
+        raise failures[0]
+
+
+@mps_group.command("start")
+@click.argument("gpus", nargs=-1, metavar="[GPU|GROUP]...")
+@pass_ctx
+def mps_start(obj: Context, gpus: tuple[str, ...]) -> None:
+    """Start the control daemons (idempotent) and set their defaults from the share."""
+    _mps_each(obj, gpus, "start")
+
+
+@mps_group.command("stop")
+@click.argument("gpus", nargs=-1, metavar="[GPU|GROUP]...")
+@pass_ctx
+def mps_stop(obj: Context, gpus: tuple[str, ...]) -> None:
+    """Stop the control daemons (quit, then signals): afterwards none of them runs."""
+    _mps_each(obj, gpus, "stop")
+
+
+@mps_group.command("status")
+@click.argument("gpus", nargs=-1, metavar="[GPU|GROUP]...")
+@output_option
+@pass_ctx
+def mps_status(obj: Context, gpus: tuple[str, ...], output: str | None) -> None:
+    """Per group: daemon running or down (pid), pipe dir, defaults, servers and their clients."""
+    from gpuhook import views
+
+    config = obj.config()
+    view = {
+        "config": config.source,
+        "root": config.mps.root,
+        "groups": [d.status() for d in _mps_daemons(obj, gpus)],
+    }
+    emit(view, output, views.mps_table)
 
 
 def run(argv: list[str]) -> int:

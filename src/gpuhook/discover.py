@@ -5,8 +5,10 @@ its parent GPU's node and its nvidia-caps nodes), each with a cgroup allow rule;
 libraries of its capabilities, bind-mounted read-only under their real names and their sonames
 into ``inject.lib_dir`` (a tmpfs, so nothing is written into the image's layer); the driver
 binaries of its capabilities; the firmware and IPC sockets; a createContainer hook that refreshes
-the container's ld.so.cache; and ``NVIDIA_VISIBLE_DEVICES`` set to what was granted. A refused
-request gets ``NVIDIA_VISIBLE_DEVICES=void`` so that no other NVIDIA component acts on it.
+the container's ld.so.cache; ``NVIDIA_VISIBLE_DEVICES`` set to what was granted; and, for
+MPS-shared GPUs, the edits of the :class:`gpuhook.sharing.MpsPlan` (pipe directory mount, MPS
+env, shm mount). A refused request gets ``NVIDIA_VISIBLE_DEVICES=void`` so that no other NVIDIA
+component acts on it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuhook.config import Config
     from gpuhook.model import Decision, Inventory
+    from gpuhook.sharing import MpsPlan
 
 RO_BIND = ("ro", "nosuid", "nodev", "bind")
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
@@ -44,9 +47,14 @@ def visible_value(decision: Decision) -> str | None:
 
 
 def edits_for(
-    decision: Decision, inventory: Inventory | None, config: Config, docker_hook: bool = False
+    decision: Decision,
+    inventory: Inventory | None,
+    config: Config,
+    docker_hook: bool = False,
+    mps: MpsPlan | None = None,
 ) -> ContainerEdits:
-    """The edits for a decision. ``inventory`` may be None when nothing is injected."""
+    """The edits for a decision. ``inventory`` may be None when nothing is injected. ``mps``:
+    the MPS plan of a container granted MPS-shared GPUs (pipe directory, env, shm)."""
     visible = visible_value(decision)
     env = [f"{ENV_VISIBLE}={visible}"] if visible is not None else []
     remove = (DOCKER_HOOK,) if docker_hook else ()
@@ -126,12 +134,18 @@ def edits_for(
         hooks.append(
             Hook("createContainer", config.hook_path, tuple(args), HOOK_ENV, HOOK_TIMEOUT_S)
         )
+    replace: tuple[str, ...] = ()
+    if mps is not None:
+        env.extend(mps.env())
+        mounts.extend(mps.mounts())
+        replace = mps.replace_mounts()
     return ContainerEdits(
         env=tuple(env),
         device_nodes=tuple(nodes),
         mounts=tuple(mounts),
         hooks=tuple(hooks),
         remove_hooks=remove,
+        replace_mounts=replace,
     )
 
 

@@ -75,6 +75,7 @@ def build(
     record["decision"] = outcome.decision.to_dict()
     record["edits"] = outcome.edits.to_dict()
     record["spec_changed"] = outcome.changed
+    record["mps"] = outcome.mps.to_dict() if outcome.mps is not None else None
     return record
 
 
@@ -105,3 +106,50 @@ def write(config: Config, container_id: str, bundle: str, record: dict[str, Any]
     except OSError as exc:
         return f"cannot link decision record {link}: {exc.strerror}"
     return ""
+
+
+def mps_usage(
+    config: Config, exclude_id: str, exclude_bundle: str = ""
+) -> dict[str, tuple[int, int]]:
+    """The MPS pinned memory limits of the live containers: GPU uuid -> (bytes, containers).
+
+    A container is live while its record link resolves: the engine removes the bundle (and the
+    record in it) when it deletes the container, which leaves the link dangling. Only limits
+    marked ``counted`` add up (a container with no limit on a GPU promised nothing). The
+    container being created (``exclude_id``, or the record in ``exclude_bundle`` for a dry run)
+    is left out, so it is not counted twice.
+    """
+    usage: dict[str, tuple[int, int]] = {}
+    folder = config.records_dir
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return usage
+    skip = exclude_id + ".json"
+    for name in names:
+        if not name.endswith(".json") or name == skip:
+            continue
+        link = os.path.join(folder, name)
+        if exclude_bundle:
+            try:
+                if os.path.dirname(os.readlink(link)) == exclude_bundle:
+                    continue
+            except OSError:
+                pass
+        try:
+            with open(link, "rb") as fh:
+                record = _fastjson.loads(fh.read())
+        except (OSError, ValueError):
+            continue  # dangling link (the container is gone) or unreadable
+        mps = record.get("mps") if isinstance(record, dict) else None
+        entries = mps.get("pinned_memory_limits") if isinstance(mps, dict) else None
+        if not isinstance(entries, list):
+            continue
+        for entry in entries:
+            if not isinstance(entry, dict) or entry.get("counted") is not True:
+                continue
+            uuid, size = entry.get("uuid"), entry.get("bytes")
+            if isinstance(uuid, str) and isinstance(size, int) and size > 0:
+                used, count = usage.get(uuid, (0, 0))
+                usage[uuid] = (used + size, count + 1)
+    return usage

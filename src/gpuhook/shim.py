@@ -21,6 +21,7 @@ from gpuhook.errors import GpuhookError, RuntimeNotFoundError, SpecError, descri
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuhook.config import Config
+    from gpuhook.fsutil import FileLock
     from gpuhook.runtime_args import RuntimeArgs
 
 PROG = "gpuhook-runtime"
@@ -119,18 +120,22 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
 
     _configure_log(config)
     logger = log.get_logger(container_id=args.container_id, bundle=bundle)
+    usage = _MpsUsage(config, args.container_id)
     try:
-        outcome = pipeline.run(spec, config)
-        if outcome.changed:
-            ocispec.write(bundle, outcome.spec)
-    except GpuhookError as exc:
-        logger.error("create failed", error=str(exc))
-        return _fail(args, exc)
-    except Exception as exc:  # a bug: fail closed for a GPU request, with one line
-        logger.error("internal error", error=repr(exc))
-        return _fail(args, exc)
+        try:
+            outcome = pipeline.run(spec, config, mps_usage_source=usage)
+            if outcome.changed:
+                ocispec.write(bundle, outcome.spec)
+        except GpuhookError as exc:
+            logger.error("create failed", error=str(exc))
+            return _fail(args, exc)
+        except Exception as exc:  # a bug: fail closed for a GPU request, with one line
+            logger.error("internal error", error=repr(exc))
+            return _fail(args, exc)
+        failure = _record(config, args.container_id, bundle, outcome)
+    finally:
+        usage.release()  # after the record: the next MPS create counts this container
     decision = outcome.decision
-    failure = _record(config, args.container_id, bundle, outcome)
     logger.info(
         "decision",
         gpu_container=decision.gpu_container,
@@ -140,6 +145,7 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
         reasons=[r.to_dict() for r in decision.reasons],
         kubernetes=outcome.request.kubernetes.to_dict() if outcome.request.kubernetes else None,
         spec_changed=outcome.changed,
+        mps=outcome.mps.to_dict() if outcome.mps is not None else None,
     )
     if failure:
         logger.warning("record not written", error=failure)
@@ -148,6 +154,41 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
     except GpuhookError as exc:
         return _fail(args, exc)
     return _exec(runtime, argv, args)
+
+
+class _MpsUsage:
+    """The pinned memory limits of the live MPS containers, read under a lock that is held until
+    this container's record is written, so that two creates cannot both take the last share.
+    Only an MPS create under ``mps.oversubscription: reject`` ever calls it."""
+
+    def __init__(self, config: Config, container_id: str) -> None:
+        self.config = config
+        self.container_id = container_id
+        self.lock: FileLock | None = None
+
+    def __call__(self) -> dict[str, tuple[int, int]]:
+        from gpuhook import records
+        from gpuhook.errors import MpsError
+        from gpuhook.fsutil import FileLock
+
+        if self.lock is None:
+            lock = FileLock(os.path.join(self.config.state_dir, "mps-usage.lock"), timeout=30.0)
+            try:
+                lock.__enter__()
+            except TimeoutError:
+                raise MpsError(
+                    f"timed out waiting for the MPS accounting lock {lock.path}"
+                ) from None
+            except OSError as exc:
+                raise MpsError(f"cannot lock {lock.path}: {exc.strerror}") from None
+            self.lock = lock
+        return records.mps_usage(self.config, self.container_id)
+
+    def release(self) -> None:
+        lock = self.lock
+        if lock is not None:
+            self.lock = None
+            lock.__exit__(None, None, None)
 
 
 def _configure_log(config: Config) -> None:

@@ -36,7 +36,8 @@ def _node(n: DeviceNode) -> dict[str, Any]:
 # --- inspect node -------------------------------------------------------------------------------
 
 
-def node_view(config: Config, status: Status) -> dict[str, Any]:
+def node_view(config: Config, status: Status, mps: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``mps``: :func:`gpuhook.mps.node_state` (per GPU index: group and daemon state)."""
     inv = status.inventory
     view: dict[str, Any] = {
         "config": config.source,
@@ -58,7 +59,10 @@ def node_view(config: Config, status: Status) -> dict[str, Any]:
         "cuda_version": inv.cuda_driver_version,
         "nvml_library": inv.nvml_library,
     }
-    view["gpus"] = [_gpu_view(g) for g in inv.gpus]
+    mps_gpus = (mps or {}).get("gpus", {})
+    view["gpus"] = [{**_gpu_view(g), "mps": _mps_gpu(mps_gpus.get(str(g.index)))} for g in inv.gpus]
+    if mps and mps.get("error"):
+        view["mps_error"] = mps["error"]
     view["control_nodes"] = [_node(n) for n in inv.control_nodes]
     view["libraries"] = _libraries_view(inv)
     for kind, key in (("binary", "binaries"), ("firmware", "firmware"), ("socket", "ipc_sockets")):
@@ -100,6 +104,12 @@ def _gpu_view(g: Any) -> dict[str, Any]:
             for m in g.mig_devices
         ],
     }
+
+
+def _mps_gpu(state: dict[str, Any] | None) -> dict[str, Any]:
+    if state is None:
+        return {"shared": False}
+    return {"shared": True, **state}
 
 
 def _libraries_view(inv: Inventory) -> dict[str, Any]:
@@ -165,6 +175,7 @@ def node_table(view: dict[str, Any], color: bool = False) -> str:
                 if node
                 else paint("missing", "fail", color),
                 f"enabled ({len(g['mig_devices'])})" if g["mig_enabled"] else "-",
+                _mps_cell(g["mps"], color),
             ]
         )
         for m in g["mig_devices"]:
@@ -179,16 +190,24 @@ def node_table(view: dict[str, Any], color: bool = False) -> str:
                     "",
                     caps or paint("no caps nodes", "fail", color),
                     "",
+                    "",
                 ]
             )
     gpu_title = f"GPUs ({len(view['gpus'])})"
     out.append(
         section(
             gpu_title,
-            table(["ID", "UUID", "NAME", "MEMORY", "PCI / MIG", "CC", "DEVICE NODE", "MIG"], rows),
+            table(
+                ["ID", "UUID", "NAME", "MEMORY", "PCI / MIG", "CC", "DEVICE NODE", "MIG", "MPS"],
+                rows,
+            ),
             color,
         )
     )
+    if view.get("mps_error"):
+        out.append(
+            section("MPS", f"  {paint('fail', 'fail', color)}  {view['mps_error']}\n", color)
+        )
     out.append(
         section(
             "Control device nodes",
@@ -224,6 +243,65 @@ def node_table(view: dict[str, Any], color: bool = False) -> str:
     return "\n".join(out)
 
 
+def _mps_cell(mps: dict[str, Any], color: bool) -> str:
+    if not mps.get("shared"):
+        return "-"
+    if mps["daemon"] == "running":
+        return f"{mps['group']} " + paint(f"running (pid {mps['pid']})", "ok", color)
+    return f"{mps['group']} " + paint("down", "fail", color)
+
+
+# --- mps status ---------------------------------------------------------------------------------
+
+
+def mps_table(view: dict[str, Any], color: bool = False) -> str:
+    rows = []
+    notes = []
+    for g in view["groups"]:
+        state = g["state"]
+        defaults = g.get("defaults") or {}
+        share = g["share"]
+        threads = (
+            defaults.get("active_thread_percentage") or share["active_thread_percentage"]["value"]
+        )
+        pinned = defaults.get("pinned_memory_limit") or {
+            str(p["index"]): p["value"] for p in share["pinned_memory_limit"]
+        }
+        servers = g.get("servers")
+        rows.append(
+            [
+                g["group"],
+                ",".join(str(x["index"]) for x in g["gpus"]),
+                paint(state, "ok" if state == "running" else "fail", color),
+                g["pid"],
+                g["pipe_dir"],
+                threads if threads is not None else "-",
+                ",".join(f"{i}={v}" for i, v in pinned.items() if v) or "-",
+                "-"
+                if servers is None
+                else "; ".join(
+                    f"{s['pid']}: {','.join(s['clients']) or 'no clients'}" for s in servers
+                )
+                or "none",
+            ]
+        )
+        for key in ("note", "error"):
+            if g.get(key):
+                notes.append(f"  {g['group']}: {g[key]}\n")
+        if g.get("compute_modes"):
+            modes = ", ".join(f"GPU {i} {m}" for i, m in g["compute_modes"].items())
+            notes.append(f"  {g['group']}: compute mode {modes}\n")
+    out = [
+        f"MPS root  {view['root']}   (config {view['config']})\n",
+        table(
+            ["GROUP", "GPUS", "DAEMON", "PID", "PIPE DIR", "THREADS %", "PINNED", "SERVERS"], rows
+        ),
+    ]
+    if notes:
+        out.append(section("Notes", "".join(notes), color))
+    return "\n".join(out)
+
+
 # --- inspect spec -------------------------------------------------------------------------------
 
 
@@ -237,6 +315,7 @@ def outcome_view(outcome: Outcome, bundle: str) -> dict[str, Any]:
         "allocation_error": outcome.allocation_error,
         "decision": outcome.decision.to_dict(),
         "edits": outcome.edits.to_dict(),
+        "mps": outcome.mps.to_dict() if outcome.mps is not None else None,
         "spec_changed": outcome.changed,
     }
 
@@ -302,6 +381,19 @@ def decision_table(view: dict[str, Any], color: bool = False) -> str:
             color,
         )
     )
+    mps = view.get("mps")
+    if mps:
+        pct = mps["active_thread_percentage"]
+        rows = [
+            ["group", mps["group"], ""],
+            ["pipe dir", f"{mps['container_pipe_dir']} <- {mps['pipe_dir']}", ""],
+            ["active threads", f"{pct['value']}%", pct["source"]],
+        ]
+        rows += [
+            ["pinned memory", f"device {d['index']} (GPU {d['gpu']}): {d['limit']}", d["source"]]
+            for d in mps["pinned_memory_limits"]
+        ]
+        out.append(section("MPS", table(["LIMIT", "VALUE", "FROM"], rows), color))
     edits = view.get("edits")
     if edits:
         rows = [["env", e] for e in edits["env"]]
@@ -315,6 +407,7 @@ def decision_table(view: dict[str, Any], color: bool = False) -> str:
         rows += [["mount", f"{m['containerPath']} <- {m['hostPath']}"] for m in binds]
         rows += [["hook", f"{h['hookName']}: {' '.join(h['args'])}"] for h in edits["hooks"]]
         rows += [["remove hook", h] for h in edits.get("removeHooks", [])]
+        rows += [["replace mount", m] for m in edits.get("replaceMounts", [])]
         if rows:
             out.append(section("Injected", table(["KIND", "WHAT"], rows), color))
     return "\n".join(out)

@@ -128,16 +128,22 @@ def refresh(config: Config, *, only_if_needed: bool = False) -> Inventory:
         ) from None
 
 
+def nvml_candidates(config: Config) -> list[str]:
+    """Where the driver root keeps libnvidia-ml, tried after the normal library search."""
+    from gpuhook.inventory import nvml
+
+    return [
+        driverroot.host_path(config.driver_root, f"{folder}/{nvml.SONAME}")
+        for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib64")
+    ]
+
+
 def build(config: Config) -> Inventory:
     """Query NVML and scan the driver and dev roots (slow: seconds on some nodes)."""
     from gpuhook.inventory import nvml
 
     key = driverroot.staleness_key(config.driver_root, config.dev_root)
-    candidates = [
-        driverroot.host_path(config.driver_root, f"{folder}/{nvml.SONAME}")
-        for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib64")
-    ]
-    facts = nvml.query(config.nvml_library, candidates)
+    facts = nvml.query(config.nvml_library, nvml_candidates(config))
     scan = driverroot.scan(config.driver_root, config.dev_root, facts.driver_version)
     warnings = list(scan.warnings)
     gpus: list[Gpu] = []
