@@ -152,7 +152,91 @@ def _json_indent(text: str | None) -> str:
 
 
 def _docker_dump(data: dict[str, Any], like: str | None) -> str:
-    return json.dumps(data, indent=_json_indent(like), ensure_ascii=False) + "\n"
+    """``data`` as JSON, in the layout of ``like`` (the file's text): members whose value did not
+    change keep their exact text, changed ones are rewritten in place, new ones go last."""
+    unit = _json_indent(like)
+    full = json.dumps(data, indent=unit, ensure_ascii=False) + "\n"
+    if not like or not like.strip():
+        return full
+    start = len(like) - len(like.lstrip())
+    try:
+        spliced = _splice(like, start, data, unit)
+    except (ValueError, IndexError):
+        return full
+    text = like[:start] + spliced[0] + like[spliced[1] :]
+    # The splice must read back as exactly the intended data, key order included.
+    try:
+        same = json.dumps(json.loads(text)) == json.dumps(data)
+    except ValueError:
+        same = False
+    return text if same else full
+
+
+_WS = " \t\n\r"
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _WS:
+        i += 1
+    return i
+
+
+def _splice(text: str, start: int, new: Any, unit: str) -> tuple[str, int]:
+    """Re-render the JSON value at ``text[start:]`` as ``new``; returns (text, end of old value).
+    Objects are edited member by member; any other value that changed is re-serialised."""
+    decoder = json.JSONDecoder()
+    old, end = decoder.raw_decode(text, start)
+    if json.dumps(old) == json.dumps(new):
+        return text[start:end], end
+    if not (isinstance(old, dict) and isinstance(new, dict) and old):
+        return _render(new, text, start, unit), end
+    members: list[tuple[str, int, int, int]] = []  # key, key start, value start, value end
+    i = _skip(text, start + 1)
+    while True:
+        key, after_key = json.decoder.scanstring(text, i + 1)  # type: ignore[attr-defined]
+        colon = _skip(text, after_key)
+        if text[colon] != ":":
+            raise ValueError("expected ':'")
+        value_start = _skip(text, colon + 1)
+        _, value_end = decoder.raw_decode(text, value_start)
+        members.append((key, i, value_start, value_end))
+        i = _skip(text, value_end)
+        if text[i] == "}":
+            break
+        i = _skip(text, i + 1)
+    head = text[start : members[0][1]]
+    tail = text[members[-1][3] : end]
+    one_line = "\n" not in text[start:end]
+    if len(members) > 1:
+        sep = text[members[0][3] : members[1][1]]
+    else:
+        sep = ", " if one_line else ",\n" + _line_indent(text, members[0][1])
+    key_indent = _line_indent(text, members[0][1])
+    parts: list[str] = []
+    by_key = {m[0]: m for m in members}
+    for key, value in new.items():
+        if key in by_key:
+            _, k_start, v_start, _v_end = by_key[key]
+            body, _ = _splice(text, v_start, value, unit)
+            parts.append(text[k_start:v_start] + body)
+        else:
+            rendered = json.dumps(
+                value, ensure_ascii=False, indent=None if one_line else unit
+            ).replace("\n", "\n" + key_indent)
+            parts.append(f"{json.dumps(key, ensure_ascii=False)}: {rendered}")
+    return head + sep.join(parts) + tail, end
+
+
+def _line_indent(text: str, pos: int) -> str:
+    line_start = text.rfind("\n", 0, pos) + 1
+    prefix = text[line_start:pos]
+    return prefix if not prefix.strip() else ""
+
+
+def _render(value: Any, text: str, pos: int, unit: str) -> str:
+    line = text[text.rfind("\n", 0, pos) + 1 : pos]
+    indent = line[: len(line) - len(line.lstrip(" \t"))]
+    return json.dumps(value, ensure_ascii=False, indent=unit).replace("\n", "\n" + indent)
 
 
 def docker_configure(
@@ -428,7 +512,7 @@ def _runtime_snippet(
     lines += ["", f"{head}{step}[{prefix}.options]"]
     for key, rendered in option_items:
         lines.append(f"{key_indent}{step}{key} = {rendered}")
-    return "\n".join(lines) + "\n\n"
+    return "\n".join(lines) + "\n"
 
 
 def _option_items(source_options: Any, runtime_path: str, quote: str) -> list[tuple[str, str]]:
@@ -450,24 +534,20 @@ def _option_items(source_options: Any, runtime_path: str, quote: str) -> list[tu
 
 
 def _space_new_headers(old: str, new: str) -> str:
-    """Put a blank line before a table header that follows a line the edit added (or that the
-    edit added itself), as in the files containerd writes."""
+    """Put a blank line before a table header that the edit added, as in the files containerd
+    writes."""
     old_lines = old.splitlines()
     new_lines = new.splitlines()
     added: set[int] = set()
     matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
-    for tag, _i1, _i2, j1, j2 in matcher.get_opcodes():
-        if tag in ("insert", "replace"):
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "insert":
             added.update(range(j1, j2))
+        elif tag == "replace":  # lines beyond those replaced one for one are new
+            added.update(range(j1 + (i2 - i1), j2))
     out: list[str] = []
     for j, line in enumerate(new_lines):
-        if (
-            j > 0
-            and _HEADER.match(line)
-            and out
-            and out[-1].strip()
-            and (j in added or (j - 1) in added)
-        ):
+        if j > 0 and _HEADER.match(line) and out and out[-1].strip() and j in added:
             out.append("")
         out.append(line)
     text = "\n".join(out) + "\n"
@@ -497,10 +577,12 @@ def _edit_runtime(
     name: str,
     runtime_path: str,
     set_default: bool,
-) -> None:
-    """Apply the runtime (and the default) to a tomlkit document, in the file's style."""
+) -> Table | None:
+    """Apply the runtime (and the default) to a tomlkit document, in the file's style. Returns
+    the runtime table when it was added."""
     cri_keys = _cri_path(version)
     q = _quote(text, CRI_PLUGIN[version])
+    added: Table | None = None
     runtimes = _tk_ensure(doc, (*cri_keys, "runtimes"))
     current = _tk_get(runtimes, name)
     plain_runtimes = json.loads(json.dumps(runtimes.unwrap(), default=str))
@@ -513,6 +595,7 @@ def _edit_runtime(
         )
         parsed = _tk_table(tomlkit.parse(snippet), (*cri_keys, "runtimes", name))
         runtimes.raw_append(name, parsed)
+        added = parsed
     else:
         if _tk_get(current, "runtime_type") != RUNC_TYPE:
             current["runtime_type"] = _tk_string(RUNC_TYPE, q)
@@ -535,6 +618,7 @@ def _edit_runtime(
         if cri is None or _tk_get(cri, "default_runtime_name") != name:
             cri = _tk_ensure(doc, cri_keys)
             cri["default_runtime_name"] = _tk_string(name, q)
+    return added
 
 
 def new_containerd_text(version: int) -> str:
@@ -566,8 +650,11 @@ def containerd_configure(
     if original and _same(plain, expected):
         return Edit(original, False, notes)
     try:
-        _edit_runtime(doc, text, version, name, runtime_path, set_default)
-        new = _space_new_headers(text, tomlkit.dumps(doc))
+        added = _edit_runtime(doc, text, version, name, runtime_path, set_default)
+        new = tomlkit.dumps(doc)
+        if added is not None:
+            new = _separate_block(new, version, name)
+        new = _space_new_headers(text, new)
     except (TOMLKitError, AttributeError, TypeError, KeyError, ValueError):
         new = ""
     if not _parses_as(new, expected):
@@ -580,6 +667,37 @@ def containerd_configure(
 
 def _same(a: Any, b: Any) -> bool:
     return bool(json.loads(json.dumps(a, default=str)) == json.loads(json.dumps(b, default=str)))
+
+
+def _separate_block(text: str, version: int, name: str) -> str:
+    """Lay out an added runtime block as ``<previous table>, one blank line, the block, then the
+    blank lines that ended the previous table``: so removing the block and the one blank line
+    before it gives back the file as it was."""
+    lines = text.split("\n")
+    own = _runtime_header_re(version, name)
+    first = next((i for i, line in enumerate(lines) if own.match(line)), None)
+    if first is None:
+        return text
+    last = first
+    for i in range(first + 1, len(lines)):
+        if _HEADER.match(lines[i]) and not own.match(lines[i]):
+            break
+        if lines[i].strip():
+            last = i
+    gap = first
+    while gap > 0 and not lines[gap - 1].strip():
+        gap -= 1
+    moved = first - gap
+    block = lines[first : last + 1]
+    rest = lines[last + 1 :]
+    while rest and not rest[0].strip():
+        rest.pop(0)
+    return "\n".join([*lines[:gap], "", *block, *([""] * moved), *rest])
+
+
+def _runtime_header_re(version: int, name: str) -> re.Pattern[str]:
+    n = re.escape(name)
+    return _header_re(version, rf"\s*\.\s*runtimes\s*\.\s*(?:\"{n}\"|'{n}'|{n})(?:\s*\..*)?")
 
 
 def _parses_as(text: str, expected: dict[str, Any]) -> bool:
@@ -677,24 +795,34 @@ def _text_configure(
 
 
 def _text_unconfigure(text: str, version: int, name: str) -> str:
-    """Remove the runtime's tables and give the default back to runc, as plain text."""
+    """Remove the runtime's tables (and the one blank line before them) and give the default
+    back to runc, as plain text: the inverse of the layout :func:`_separate_block` makes. Blank
+    and comment lines at the end of a block stay: they introduce the next table."""
     lines = text.split("\n")
-    n = re.escape(name)
-    own = _header_re(version, rf"\s*\.\s*runtimes\s*\.\s*(?:\"{n}\"|'{n}'|{n})(?:\s*\..*)?")
+    own = _runtime_header_re(version, name)
     out: list[str] = []
-    skipping = False
-    for line in lines:
-        if _HEADER.match(line):
-            skipping = bool(own.match(line))
-        if skipping:
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if own.match(line):
+            end = i
+            j = i + 1
+            while j < len(lines) and not (_HEADER.match(lines[j]) and not own.match(lines[j])):
+                stripped = lines[j].strip()
+                if stripped and not stripped.startswith("#"):
+                    end = j
+                j += 1
+            if out and not out[-1].strip():
+                out.pop()
+            i = end + 1
             continue
         m = _DEFAULT_LINE.match(line)
         if m and m.group(3) == name:
             out.append(f"{m.group(1)}{m.group(2)}{RUNC}{m.group(2)}{m.group(4)}")
         else:
             out.append(line)
-    new = re.sub(r"\n{3,}", "\n\n", "\n".join(out))
-    return new if text.endswith("\n\n") else new.rstrip("\n") + "\n"
+        i += 1
+    return "\n".join(out)
 
 
 def containerd_unconfigure(
@@ -721,6 +849,9 @@ def containerd_unconfigure(
         notes.append(f"default runtime: {name} -> {RUNC}")
     if not notes:
         return Edit(text, False, ())
+    new = _text_unconfigure(text, version, name)
+    if _parses_as(new, expected):
+        return Edit(new, True, tuple(notes))
     try:
         runtimes = _tk_table(doc, (*cri_keys, "runtimes"))
         if runtimes is not None and _tk_get(runtimes, name) is not None:
@@ -731,8 +862,6 @@ def containerd_unconfigure(
         new = tomlkit.dumps(doc)
     except (TOMLKitError, AttributeError, TypeError, KeyError, ValueError):
         new = ""
-    if not _parses_as(new, expected):
-        new = _text_unconfigure(text, version, name)
     _verify(new, expected, source)
     return Edit(new, True, tuple(notes))
 
