@@ -121,7 +121,7 @@ class Dockerd(Daemon):
                 "--ip6tables=false",
                 "--ip-masq=false",
                 "--userland-proxy=false",
-            ],  # fmt: skip
+            ],
             env,
             self.socket,
         )
@@ -159,7 +159,7 @@ class Containerd(Daemon):
                 str(root / "state"),
                 "--address",
                 str(self.socket),
-            ],  # fmt: skip
+            ],
             env,
             self.socket,
         )
