@@ -496,3 +496,8 @@ def test_unified_diff_names_the_file() -> None:
         "+b",
     ]
     assert r.unified_diff("", "b\n", "/etc/x").startswith("--- /dev/null\n")
+
+
+def test_the_example_daemon_json_is_what_configure_writes() -> None:
+    example = Path(__file__).resolve().parents[2] / "config" / "daemon.json.example"
+    assert r.docker_configure(None, set_default=True).text == example.read_text()
