@@ -216,6 +216,126 @@ def inspect_spec(
     emit(views.outcome_view(outcome, os.path.abspath(bundle_dir)), output, views.decision_table)
 
 
+# --- runtime registration ---------------------------------------------------------------------
+
+
+@main.group("runtime")
+def runtime_group() -> None:
+    """Register gpuhook-runtime with docker or containerd."""
+
+
+def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        (
+            click.option(
+                "--runtime",
+                "engine",
+                type=click.Choice(("docker", "containerd")),
+                required=True,
+                help="The engine whose config to edit.",
+            ),
+            click.option(
+                "--config",
+                "engine_config",
+                metavar="PATH",
+                help="The engine's config (default: /etc/docker/daemon.json, "
+                "/etc/containerd/config.toml).",
+            ),
+            click.option(
+                "--runtime-name", default="gpuhook", show_default=True, help="The runtime's name."
+            ),
+            click.option(
+                "--drop-in",
+                metavar="PATH",
+                help="containerd: keep gpuhook's runtime in this file, imported by --config.",
+            ),
+            click.option("--dry-run", is_flag=True, help="Print the diff; write nothing."),
+        )
+    ):
+        f = option(f)
+    return f
+
+
+@runtime_group.command("configure")
+@_engine_options
+@click.option(
+    "--set-as-default",
+    is_flag=True,
+    help="Make gpuhook the default runtime (it then sees every container).",
+)
+@click.option(
+    "--runtime-path",
+    default="/usr/bin/gpuhook-runtime",
+    show_default=True,
+    help="The gpuhook-runtime executable the engine runs.",
+)
+def runtime_configure(
+    engine: str,
+    engine_config: str | None,
+    runtime_name: str,
+    drop_in: str | None,
+    dry_run: bool,
+    set_as_default: bool,
+    runtime_path: str,
+) -> None:
+    """Register gpuhook-runtime in docker's daemon.json or containerd's config.toml."""
+    from gpuhook import registration_io
+
+    plan = registration_io.plan(
+        engine,
+        registration_io.CONFIGURE,
+        config_path=engine_config,
+        name=runtime_name,
+        runtime_path=runtime_path,
+        set_default=set_as_default,
+        drop_in=drop_in,
+    )
+    if not (os.path.isfile(runtime_path) and os.access(runtime_path, os.X_OK)):
+        click.echo(
+            f"warning: {runtime_path} is not an executable file here; {engine} cannot start "
+            f"containers through runtime {runtime_name} until it is",
+            err=True,
+        )
+    _report_plan(plan, dry_run, "is already registered")
+
+
+@runtime_group.command("unconfigure")
+@_engine_options
+def runtime_unconfigure(
+    engine: str, engine_config: str | None, runtime_name: str, drop_in: str | None, dry_run: bool
+) -> None:
+    """Remove what `runtime configure` added; runc becomes the default again if gpuhook was."""
+    from gpuhook import registration_io
+
+    plan = registration_io.plan(
+        engine,
+        registration_io.UNCONFIGURE,
+        config_path=engine_config,
+        name=runtime_name,
+        drop_in=drop_in,
+    )
+    _report_plan(plan, dry_run, "is not registered")
+
+
+def _report_plan(plan: Any, dry_run: bool, unchanged: str) -> None:
+    from gpuhook import registration_io
+
+    main_path = plan.changes[0].path
+    restart = f"systemctl restart {plan.service}"
+    for note in plan.notes:
+        click.echo(f"{plan.engine}: {note}")
+    if not plan.changed:
+        click.echo(f"{main_path}: gpuhook {unchanged}; nothing changed, nothing written")
+        return
+    if dry_run:
+        click.echo(registration_io.render_diff(plan), nl=False)
+        click.echo(f"dry run: nothing written (applying it needs: {restart})")
+        return
+    for line in registration_io.apply(plan):
+        click.echo(line)
+    click.echo(f"restart {plan.service} to apply: {restart}")
+
+
 # --- the entry ----------------------------------------------------------------------------------
 
 
