@@ -1,0 +1,65 @@
+"""Regression tests for what the security review (SECURITY.md, "Found and fixed") found: each
+test fails on the code before its fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuhook import pipeline, request
+from gpuhook.errors import RequestError
+from tests import factories as f
+
+INVENTORY = f.inventory(8, {6: 3})
+
+
+def decide(spec: dict[str, Any], **config: Any) -> Any:
+    return pipeline.run(spec, f.config(**config), inventory_source=lambda _c: INVENTORY).decision
+
+
+# --- volume-mount markers: only a /dev/null mount is one --------------------------------------
+
+
+def marker(device: str, source: str, root: str = "/var/run/nvidia-container-devices/") -> Any:
+    return {"destination": root + device, "type": "bind", "source": source, "options": ["ro"]}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/x",  # emptyDir
+        "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~configmap/cm",  # configMap
+        "tmpfs",
+        "",
+        "/dev/zero",
+    ],
+)
+def test_a_pod_authors_volume_at_the_marker_path_is_no_request(source: str) -> None:
+    """Before: any volume mounted at /var/run/nvidia-container-devices/all granted every GPU to a
+    Kubernetes pod that was allocated none."""
+    for device in ("all", f.gpu_uuid(1)):
+        spec = f.spec(annotations=f.k8s(), mounts=[marker(device, source)])
+        assert request.parse(spec).channels == ()
+        d = decide(spec)
+        assert not d.gpu_container and not d.devices
+
+
+@pytest.mark.parametrize("source", ["/dev/null", "/dev//null", "/dev/./null"])
+def test_a_dev_null_marker_is_a_request(source: str) -> None:
+    d = decide(f.spec(annotations=f.k8s(), mounts=[marker(f.gpu_uuid(1), source)]))
+    assert [r.uuid for r in d.devices] == [f.gpu_uuid(1)]
+
+
+def test_a_marker_of_another_source_does_not_hide_a_real_one() -> None:
+    spec = f.spec(
+        annotations=f.k8s(),
+        mounts=[marker("all", "/tmp/empty"), marker(f.gpu_uuid(2), "/dev/null")],
+    )
+    assert [r.uuid for r in decide(spec).devices] == [f.gpu_uuid(2)]
+
+
+def test_dotdot_in_a_marker_is_one_line() -> None:
+    spec = f.spec(mounts=[marker("../../../etc", "/dev/null")])
+    with pytest.raises(RequestError, match=r"^malformed GPU request: malformed volume-mount"):
+        decide(spec)
