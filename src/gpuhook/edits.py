@@ -94,7 +94,7 @@ def apply(spec: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
         linux = _obj(out, "linux")
         devices = _list(linux, "devices")
         rules = _list(_obj(linux, "resources"), "devices")
-        existing = {d.get("path") for d in devices if isinstance(d, dict)}
+        existing = {d["path"] for d in devices if isinstance(d, dict) and _is_str(d.get("path"))}
         for node in edits.device_nodes:
             if node.path in existing:
                 continue
@@ -121,7 +121,11 @@ def apply(spec: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
                 rules.append(rule)
     if edits.mounts:
         mounts = _list(out, "mounts")
-        taken = {m.get("destination") for m in mounts if isinstance(m, dict)}
+        taken = {
+            m["destination"]
+            for m in mounts
+            if isinstance(m, dict) and _is_str(m.get("destination"))
+        }
         for mount in edits.mounts:
             if mount.container_path in taken:
                 continue
@@ -154,6 +158,10 @@ def apply(spec: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
                 )
             ]
     return out
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
 
 
 def _set_env(env: list[Any], entry: str) -> None:

@@ -95,7 +95,8 @@ def parse(spec: Any) -> Request:
 
     marker_ids: list[str] = []
     sources: list[str] = []
-    for mount in spec.get("mounts") or ():
+    mounts = spec.get("mounts")
+    for mount in mounts if isinstance(mounts, list) else ():
         if not isinstance(mount, dict):
             continue
         dest = mount.get("destination")

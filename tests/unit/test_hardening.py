@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuhook import pipeline, request
+from gpuhook import edits, pipeline, request
 from gpuhook.errors import RequestError
 from tests import factories as f
 
@@ -63,3 +63,28 @@ def test_dotdot_in_a_marker_is_one_line() -> None:
     spec = f.spec(mounts=[marker("../../../etc", "/dev/null")])
     with pytest.raises(RequestError, match=r"^malformed GPU request: malformed volume-mount"):
         decide(spec)
+
+
+# --- malformed spec shapes: one line or no request, never a traceback -------------------------
+
+
+@pytest.mark.parametrize("mounts", [True, 5, 1.5])
+def test_mounts_that_is_not_a_list_is_no_request(mounts: Any) -> None:
+    spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"])
+    spec["mounts"] = mounts
+    assert [c.channel for c in request.parse(spec).channels] == ["env"]
+
+
+@pytest.mark.parametrize(
+    ("where", "odd"),
+    [("mounts", {"destination": [], "source": "x"}), ("devices", {"path": {"a": 1}})],
+)
+def test_spec_entries_with_non_string_paths_are_kept(where: str, odd: dict[str, Any]) -> None:
+    spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"])
+    entries = spec["mounts"] if where == "mounts" else spec["linux"].setdefault("devices", [])
+    entries.append(odd)
+    outcome = pipeline.run(spec, f.config(), inventory_source=lambda _c: INVENTORY)
+    assert [d.uuid for d in outcome.decision.devices] == [f.gpu_uuid(1)]
+    assert edits.apply(outcome.spec, outcome.edits) == outcome.spec
+    kept = outcome.spec["mounts"] if where == "mounts" else outcome.spec["linux"]["devices"]
+    assert odd in kept and len(kept) > 2
