@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuhook import edits, pipeline, request
+from gpuhook import devices, edits, pipeline, request
 from gpuhook.errors import RequestError
 from tests import factories as f
 
@@ -88,3 +88,18 @@ def test_spec_entries_with_non_string_paths_are_kept(where: str, odd: dict[str, 
     assert edits.apply(outcome.spec, outcome.edits) == outcome.spec
     kept = outcome.spec["mounts"] if where == "mounts" else outcome.spec["linux"]["devices"]
     assert odd in kept and len(kept) > 2
+
+
+# --- device ids: ASCII digits only ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value", ["\u00b2", "\u0661", "1\u00b2", "\uff10", "9" * 5000, "6:\u00b2", "\u0666:1"]
+)
+def test_non_ascii_or_huge_digits_are_unknown_ids(value: str) -> None:
+    """Before: a superscript two crashed int() (str.isdigit accepts it), an Arabic-Indic one was
+    read as GPU 1, and 5000 digits crashed int()'s digit limit."""
+    refs, errors = devices.resolve((value,), INVENTORY)
+    assert refs == () and len(errors) == 1 and "\n" not in errors[0]
+    with pytest.raises(RequestError):
+        decide(f.spec(env=[f"NVIDIA_VISIBLE_DEVICES={value}"]))
