@@ -3,12 +3,15 @@ test fails on the code before its fix."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuhook import devices, edits, pipeline, request
-from gpuhook.errors import RequestError
+from gpuhook.errors import InventoryError, RequestError
+from gpuhook.inventory import store
 from tests import factories as f
 
 INVENTORY = f.inventory(8, {6: 3})
@@ -103,3 +106,21 @@ def test_non_ascii_or_huge_digits_are_unknown_ids(value: str) -> None:
     assert refs == () and len(errors) == 1 and "\n" not in errors[0]
     with pytest.raises(RequestError):
         decide(f.spec(env=[f"NVIDIA_VISIBLE_DEVICES={value}"]))
+
+
+# --- the inventory file: any damage is "corrupt", one line ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("missing_libraries", {"": None}), ("missing_libraries", {"x": 5}), ("gpus", [{"a": 1}])],
+)
+def test_damaged_inventory_is_one_line(tmp_path: Path, key: str, value: Any) -> None:
+    path = tmp_path / "inventory.json"
+    path.write_text(json.dumps({**INVENTORY.to_dict(), key: value}))
+    config = f.config(inventory__path=str(path), inventory__auto_refresh=False)
+    with pytest.raises(InventoryError, match=r"^inventory .* is corrupt \(.*\); run: gpuhook"):
+        store.read(config)
+    spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=0"])
+    with pytest.raises(InventoryError):
+        pipeline.run(spec, config)

@@ -52,7 +52,7 @@ def read(config: Config) -> Inventory:
         raise InventoryError(f"cannot read inventory {path}: {exc.strerror}") from None
     try:
         return Inventory.from_dict(_fastjson.loads(raw))  # type: ignore[arg-type]
-    except ValueError as exc:
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:  # any damage is "corrupt"
         raise InventoryError(
             f"inventory {path} is corrupt ({exc}); run: gpuhook inventory refresh"
         ) from None
