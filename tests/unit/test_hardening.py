@@ -4,13 +4,16 @@ test fails on the code before its fix."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpuhook import config as config_mod
 from gpuhook import devices, edits, pipeline, request
-from gpuhook.errors import InventoryError, RequestError
+from gpuhook.errors import ConfigError, InventoryError, RequestError
 from gpuhook.inventory import store
 from tests import factories as f
 
@@ -124,3 +127,44 @@ def test_damaged_inventory_is_one_line(tmp_path: Path, key: str, value: Any) -> 
     spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=0"])
     with pytest.raises(InventoryError):
         pipeline.run(spec, config)
+
+
+# --- the config loader: one line for every malformed file ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("? [a]\n: 1\n", "line 1, column 3: a key must be a string, not a list"),
+        ("log: {1: 2}\n", "line 1, column 7: a key must be a string, not an integer"),
+        ("{1: 2, 'a': 3}\n", "a key must be a string, not an integer"),
+        ("2001-12-14: 1\n", "a key must be a string, not date"),
+        ("driver_root: 2001-13-45\n", "invalid YAML value: month must be in 1..12"),
+    ],
+)
+def test_config_with_odd_keys_or_values_is_one_line(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_mod.validate_data("/c.yaml", config_mod.parse_yaml("/c.yaml", text.encode()))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_deeply_nested_config_is_one_line_not_a_segfault(tmp_path: Path) -> None:
+    """libyaml's C loader segfaulted (the whole process, here the CLI) at ~50 000 levels."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("[" * 60_000 + "]" * 60_000)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from gpuhook import cli; raise SystemExit(cli.run(__import__('sys').argv[1:]))",
+            "config",
+            "validate",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert out.returncode == 2, out
+    assert out.stderr == f"gpuhook: invalid config {path}: YAML nested too deeply\n"
