@@ -17,6 +17,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -267,3 +269,61 @@ def test_a_hook_without_env_would_have_been_exploitable(
     out = containers.run(bundle, node.env)
     assert out.returncode == 0, out.stderr
     assert host.loads() and all(line.endswith("/dash") for line in host.loads())
+
+
+# --- the ldconfig the hook runs is bounded: the image's ld.so.conf is hostile input --------------
+
+
+def _hook(rootfs: Path, bundle: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": str(rootfs)}}))
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c", "pid": 1, "bundle": str(bundle)})
+    start = time.monotonic()
+    wrapper = (
+        "import resource, subprocess, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a safety net\n"
+        "out = subprocess.run(sys.argv[1:], input=sys.stdin.buffer.read(), capture_output=True)\n"
+        "sys.stderr.buffer.write(out.stderr)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+        "sys.exit(out.returncode)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", wrapper, testbed.GPUHOOK, "hook", "update-ldcache", *args],
+        input=state,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return out, time.monotonic() - start
+
+
+@pytest.mark.parametrize("attack", ["dev-zero", "fifo"])
+def test_hostile_ld_so_conf_cannot_exhaust_or_block_the_hook(
+    tmp_path: Path, rootfs_template: str, attack: str
+) -> None:
+    """/etc/ld.so.conf as a link to /dev/zero (one endless line: ldconfig's memory grew without
+    bound) or as a FIFO (ldconfig blocked forever): the hook stays bounded, warns in one line and
+    exits 0, so the container starts with the image's own cache."""
+    rootfs = tmp_path / "rootfs"
+    shutil.copytree(rootfs_template, rootfs, symlinks=True)
+    conf = rootfs / "etc/ld.so.conf"
+    conf.unlink()
+    if attack == "fifo":
+        os.mkfifo(conf)
+    else:
+        os.mknod(rootfs / "dev/zero", 0o666 | 0o020000, os.makedev(1, 5))
+        conf.symlink_to("/dev/zero")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    out, took = _hook(rootfs, bundle, "--timeout", "2", "--folder", "/usr/lib")
+    assert out.returncode == 0, out.stderr
+    max_rss_kib = int(out.stdout.strip())
+    assert max_rss_kib < 400 << 10  # ldconfig's heap is capped at 256 MiB
+    if attack == "fifo":
+        assert 2 <= took < 10
+        assert out.stderr == (
+            "gpuhook hook update-ldcache: /sbin/ldconfig ran past 2s; "
+            "the container's ld.so.cache was not refreshed\n"
+        )
+    else:
+        assert took < 10 and "Traceback" not in out.stderr
