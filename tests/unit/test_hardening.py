@@ -4,6 +4,7 @@ test fails on the code before its fix."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpuhook import config as config_mod
-from gpuhook import devices, edits, pipeline, request
+from gpuhook import devices, edits, pipeline, records, request
 from gpuhook.errors import ConfigError, InventoryError, RequestError
 from gpuhook.inventory import store
 from tests import factories as f
@@ -168,3 +169,26 @@ def test_deeply_nested_config_is_one_line_not_a_segfault(tmp_path: Path) -> None
     )
     assert out.returncode == 2, out
     assert out.stderr == f"gpuhook: invalid config {path}: YAML nested too deeply\n"
+
+
+# --- records: what a killed create left behind is removed by the next one ----------------------
+
+
+def test_next_record_write_removes_a_killed_writers_temps(tmp_path: Path) -> None:
+    bundle, state = tmp_path / "bundle", tmp_path / "state"
+    bundle.mkdir()
+    config = f.config(state_dir=str(state))
+    dead = 2**22 + 12345  # above pid_max's default: no such process
+    stale = bundle / f".gpuhook-decision.json.gpuhook-tmp-{dead}-0badc0de"
+    stale.write_text("{partial")
+    record = records.build("c1", str(bundle), None)
+    assert records.write(config, "c1", str(bundle), record) == ""
+    assert sorted(p.name for p in bundle.iterdir()) == ["gpuhook-decision.json"]
+    # the link is re-pointed through a temp too: a killed re-point leaves one behind
+    other = tmp_path / "other"
+    other.mkdir()
+    stale_link = state / "containers" / f".c1.json.gpuhook-tmp-{dead}-0badc0de"
+    stale_link.symlink_to("nowhere")
+    assert records.write(config, "c1", str(other), record) == ""
+    assert sorted(p.name for p in (state / "containers").iterdir()) == ["c1.json"]
+    assert os.readlink(state / "containers" / "c1.json") == str(other / "gpuhook-decision.json")
