@@ -102,8 +102,8 @@ def refresh(config: Config, *, only_if_needed: bool = False) -> Inventory:
     ``only_if_needed``: after taking the lock, first re-read the file; another process may have
     refreshed it while this one waited.
     """
-    os.makedirs(os.path.dirname(config.inventory_path) or ".", exist_ok=True)
     try:
+        os.makedirs(os.path.dirname(config.inventory_path) or ".", exist_ok=True)
         lock = FileLock(lock_path(config), timeout=LOCK_TIMEOUT_S)
         with lock:
             if only_if_needed:
