@@ -208,6 +208,8 @@ def _read_cache(cache_dir: str, identity: list[Any]) -> dict[str, Any] | None:
 
     try:
         with open(os.path.join(cache_dir, "compiled.json"), "rb") as fh:
+            if not _trusted_file(os.fstat(fh.fileno())):
+                return None
             cached = _fastjson.loads(fh.read())
     except (OSError, ValueError):
         return None
@@ -216,6 +218,12 @@ def _read_cache(cache_dir: str, identity: list[Any]) -> dict[str, Any] | None:
     if not isinstance(cached.get("config"), dict) or not isinstance(cached.get("runtime"), str):
         return None
     return cached
+
+
+def _trusted_file(st: os.stat_result) -> bool:
+    """A cache file this process may act on: written by root or by this user, and writable by
+    no one else. The cache names the runtime that gpuhook-runtime execs, as root."""
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
 
 
 def _write_cache(cache_dir: str, identity: list[Any], config: Config) -> None:
