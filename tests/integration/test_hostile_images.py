@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import testbed
@@ -31,18 +33,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 CONTROL = ["/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
 GPU1 = sorted([*CONTROL, "/dev/nvidia1"])
-
-
-def _mps_pipe_dir() -> str:
-    """The container path of the MPS pipe folder, once gpuhook injects one."""
-    import importlib.util
-
-    if importlib.util.find_spec("gpuhook.mps") is None:
-        pytest.skip(
-            "MPS is not on this branch yet (gpuhook.mps is missing): enable this case with an "
-            "MPS-shared GPU in the node config once the MPS section is merged"
-        )
-    return "/tmp/nvidia-mps"  # pragma: no cover - replaced when MPS lands
 
 
 # (case id, container path, what the image puts there). Kinds: "abs" (absolute symlink to a host
@@ -76,9 +66,6 @@ CASES: list[tuple[str, str, str]] = [
     ("firmware-climb", "/lib/firmware/nvidia", "climb"),
     ("socket-dir-abs", "/run/nvidia-persistenced", "abs"),
     ("socket-abs", "/run/nvidia-persistenced/socket", "abs"),
-    ("mps-pipe-abs", "mps", "abs"),
-    ("mps-pipe-climb", "mps", "climb"),
-    ("mps-pipe-file", "mps", "file"),
 ]
 FILE_TARGETS = {"/etc/ld.so.cache", "/etc/ld.so.conf", "/usr/bin/nvidia-smi"}
 MOUNT_TARGETS = (
@@ -120,51 +107,146 @@ def with_env(bundle: Path, *env: str) -> None:
     (bundle / "config.json").write_text(json.dumps(spec))
 
 
+class Attack:
+    """One hostile image run twice: under plain runc (what runc alone does to the host) and
+    through gpuhook-runtime with a GPU request. Asserts that gpuhook adds nothing on the host:
+    the sentinel tree changes exactly as under runc alone, the watched mount table not at all."""
+
+    def __init__(
+        self,
+        containers: Containers,
+        env: dict[str, str],
+        tmp_path: Path,
+        path: str,
+        kind: str,
+        args: tuple[str, ...],
+        watched: tuple[str | Path, ...],
+    ) -> None:
+        host, baseline = Host(tmp_path / "host"), Host(tmp_path / "host-runc")
+        watched = (tmp_path, *watched, "/usr/local/gpuhook", "/etc/ld.so.cache", "/usr/bin/nvidia")
+        mounts_before = mounts_under(*watched)
+
+        plain = containers.bundle(args=("/bin/true",))
+        plant(plain / "rootfs", path, kind, baseline)
+        before = baseline.snapshot()
+        containers.run(plain, env, runtime="runc")
+        runc_changes = baseline.changes(before)
+        if path == "/dev":
+            assert set(runc_changes) <= RUNC_DEV_LINKS
+        else:
+            assert runc_changes == {}
+
+        self.bundle = containers.bundle(args=args)
+        self.rootfs = self.bundle / "rootfs"
+        self.target = plant(self.rootfs, path, kind, host)
+        with_env(self.bundle, "NVIDIA_VISIBLE_DEVICES=1")
+        before = host.snapshot()
+        self.out = containers.run(self.bundle, env)
+        assert host.changes(before) == runc_changes  # gpuhook adds nothing on the host
+        assert mounts_under(*watched) == mounts_before
+        assert not os.path.lexists("/usr/local/gpuhook")
+        self.started = self.out.returncode == 0
+        if not self.started:  # runc refused the layout: one line, no traceback
+            line = one_line_failure(self.out.stderr)
+            assert line.startswith("time=") and "level=error" in line
+
+    def resolved_inside(self) -> bool:
+        """Whether the link's target exists inside the rootfs (where runc resolved it)."""
+        return os.path.lexists(self.rootfs / self.target.lstrip("/"))
+
+
 @pytest.mark.parametrize(("case", "path", "kind"), CASES, ids=[c[0] for c in CASES])
 def test_symlinks_and_wrong_types_never_reach_the_host(
     node: FakeNode, containers: Containers, tmp_path: Path, case: str, path: str, kind: str
 ) -> None:
-    if path == "mps":
-        path = _mps_pipe_dir()
-    host, baseline = Host(tmp_path / "host"), Host(tmp_path / "host-runc")
-    watched = (tmp_path, node.root, "/usr/local/gpuhook", "/etc/ld.so.cache", "/usr/bin/nvidia")
-    mounts_before = mounts_under(*watched)
-
-    # The same image under plain runc, without gpuhook: what runc alone does to the host.
-    plain = containers.bundle(args=("/bin/true",))
-    plant(plain / "rootfs", path, kind, baseline)
-    before = baseline.snapshot()
-    containers.run(plain, node.env, runtime="runc")
-    runc_changes = baseline.changes(before)
-    if path == "/dev":
-        assert set(runc_changes) <= RUNC_DEV_LINKS
-    else:
-        assert runc_changes == {}
-
-    bundle = containers.bundle(args=("/bin/sh", "-c", testbed.PROBE))
-    rootfs = bundle / "rootfs"
-    target = plant(rootfs, path, kind, host)
-    with_env(bundle, "NVIDIA_VISIBLE_DEVICES=1")
-    before = host.snapshot()
-    out = containers.run(bundle, node.env)
-    assert host.changes(before) == runc_changes  # gpuhook adds nothing on the host
-    assert mounts_under(*watched) == mounts_before
-    assert not os.path.lexists("/usr/local/gpuhook")
-    if out.returncode != 0:  # runc refused the layout: one line, no traceback
-        line = one_line_failure(out.stderr)
-        assert line.startswith("time=") and "level=error" in line
+    attack = Attack(
+        containers, node.env, tmp_path, path, kind, ("/bin/sh", "-c", testbed.PROBE), (node.root,)
+    )
+    if not attack.started:
         return
+    out, rootfs = attack.out, attack.rootfs
     seen = testbed.parse_probe(out.stdout)
     assert seen["dev"] == GPU1, out.stderr  # the injection happened, inside the container
-    inside = rootfs / target.lstrip("/")
     if kind in ("abs", "climb") and path.startswith(MOUNT_TARGETS):
-        assert os.path.lexists(inside)  # runc resolved the link inside the rootfs
+        assert attack.resolved_inside()  # runc resolved the link inside the rootfs
     if path == "/etc/ld.so.cache" and kind != "dir":
         cache = rootfs / "etc/ld.so.cache"
         assert cache.is_file() and not cache.is_symlink()  # ldconfig replaced the link, chrooted
         assert b"/usr/local/gpuhook/lib/libcuda.so.1" in cache.read_bytes()
     if path not in ("/etc", "/etc/ld.so.cache") and not path.startswith(("/usr/bin", "/usr/local")):
         assert seen["smi"][-1] == "rc=0", out.stderr
+
+
+def _sharing() -> Any:
+    """gpuhook's MPS module, or a skip where this branch has none yet."""
+    import importlib
+
+    try:
+        return importlib.import_module("gpuhook.sharing")
+    except ImportError:
+        pytest.skip("MPS is not on this branch (no gpuhook.sharing): the MPS cases run once it is")
+
+
+MPS_CASES = [
+    ("pipe-abs", "pipe", "abs"),
+    ("pipe-climb", "pipe", "climb"),
+    ("pipe-file", "pipe", "file"),
+    ("mps-folder-abs", "parent", "abs"),
+    ("mps-folder-file", "parent", "file"),
+    ("log-abs", "log", "abs"),
+    ("log-climb", "log", "climb"),
+]
+
+
+@pytest.mark.parametrize(("case", "which", "kind"), MPS_CASES, ids=[c[0] for c in MPS_CASES])
+def test_mps_folders_never_reach_the_host(
+    node: FakeNode, containers: Containers, tmp_path: Path, case: str, which: str, kind: str
+) -> None:
+    """The MPS pipe and log folders gpuhook bind-mounts into an MPS client (a running control
+    daemon's host folders) behind the same symlinks and wrong types."""
+    sharing = _sharing()
+    pipe, log = sharing.PIPE_IN_CONTAINER, sharing.LOG_IN_CONTAINER
+    path = {"pipe": pipe, "log": log, "parent": os.path.dirname(pipe)}[which]
+    mps_root = tmp_path / "mps"
+    env = node.variant(
+        tmp_path,
+        mps={"root": str(mps_root), "gpus": [1], "log_dir": True},
+        state_dir=str(tmp_path / "state"),
+        inventory={"path": str(node.root / "state" / "inventory.json")},
+    )
+    started = node.gpuhook("mps", "start", env=env)
+    assert started.returncode == 0, started.stderr
+    try:
+        probe = f"ls -1 /dev | grep '^nvidia'; ls -1 {pipe}/; env | grep ^CUDA_MPS_"
+        attack = Attack(
+            containers, env, tmp_path, path, kind, ("/bin/sh", "-c", probe), (mps_root,)
+        )
+        if not attack.started:
+            return
+        out = attack.out.stdout.split()
+        assert "nvidia1" in out and "control" in out, attack.out  # the host daemon's pipe
+        assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in out
+        if kind in ("abs", "climb"):
+            assert attack.resolved_inside()
+    finally:
+        node.gpuhook("mps", "stop", env=env)
+        _kill_daemons_under(mps_root)
+
+
+def _kill_daemons_under(root: Path) -> None:
+    """SIGKILL the MPS control daemons this test started (their pipe folder is under root)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if os.path.basename(cmdline[0]) != b"nvidia-cuda-mps-control":
+            continue
+        if any(e.startswith(b"CUDA_MPS_PIPE_DIRECTORY=" + str(root).encode()) for e in environ):
+            os.kill(int(entry), signal.SIGKILL)
 
 
 # --- class B: the image's env never reaches a host-side process --------------------------------
