@@ -312,6 +312,8 @@ def _read_cache(cache_dir: str, identity: list[Any]) -> dict[str, Any] | None:
 
     try:
         with open(os.path.join(cache_dir, "compiled.json"), "rb") as fh:
+            if not _trusted_file(os.fstat(fh.fileno())):
+                return None
             cached = _fastjson.loads(fh.read())
     except (OSError, ValueError):
         return None
@@ -322,6 +324,12 @@ def _read_cache(cache_dir: str, identity: list[Any]) -> dict[str, Any] | None:
     if any(key not in cached["config"] for key in DEFAULTS):
         return None  # compiled by a build that knew fewer sections (same version string)
     return cached
+
+
+def _trusted_file(st: os.stat_result) -> bool:
+    """A cache file this process may act on: written by root or by this user, and writable by
+    no one else. The cache names the runtime that gpuhook-runtime execs, as root."""
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
 
 
 def _write_cache(cache_dir: str, identity: list[Any], config: Config) -> None:
@@ -363,18 +371,22 @@ def parse_yaml(path: str, raw: bytes) -> Any:
     enable_site_packages()
     import yaml
 
-    class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-        """SafeLoader that refuses duplicate keys instead of silently keeping the last."""
+    # The pure-Python SafeLoader, not libyaml's CSafeLoader: the C composer recurses on the C
+    # stack and segfaults on deeply nested input, where Python raises RecursionError. A config
+    # is parsed once per change (the compiled form is cached), so the speed does not matter.
+    class _StrictLoader(yaml.SafeLoader):
+        """SafeLoader that refuses duplicate and non-string keys."""
 
     def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
+        seen: set[str] = set()
         for key_node, _ in node.value:
             key = loader.construct_object(key_node, deep=deep)
+            mark = key_node.start_mark
+            where = f"line {mark.line + 1}, column {mark.column + 1}"
+            if not isinstance(key, str):
+                raise ConfigError(path, f"{where}: a key must be a string, not {_yaml_type(key)}")
             if key in seen:
-                mark = key_node.start_mark
-                raise ConfigError(
-                    path, f"line {mark.line + 1}, column {mark.column + 1}: duplicate key {key!r}"
-                )
+                raise ConfigError(path, f"{where}: duplicate key {key!r}")
             seen.add(key)
         return loader.construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
@@ -395,6 +407,8 @@ def parse_yaml(path: str, raw: bytes) -> Any:
         raise ConfigError(path, f"YAML error: {exc}") from None
     except RecursionError:
         raise ConfigError(path, "YAML nested too deeply") from None
+    except (ValueError, TypeError, OverflowError) as exc:  # a constructor refused a value
+        raise ConfigError(path, f"invalid YAML value: {exc}") from None
 
 
 def schema() -> dict[str, Any]:

@@ -97,7 +97,7 @@ def apply(spec: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
         linux = _obj(out, "linux")
         devices = _list(linux, "devices")
         rules = _list(_obj(linux, "resources"), "devices")
-        existing = {d.get("path") for d in devices if isinstance(d, dict)}
+        existing = {d["path"] for d in devices if isinstance(d, dict) and _is_str(d.get("path"))}
         for node in edits.device_nodes:
             if node.path in existing:
                 continue
@@ -135,7 +135,11 @@ def apply(spec: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
                     and m.get("destination") in ours
                 )
             ]
-        taken = {m.get("destination") for m in mounts if isinstance(m, dict)}
+        taken = {
+            m["destination"]
+            for m in mounts
+            if isinstance(m, dict) and _is_str(m.get("destination"))
+        }
         for mount in edits.mounts:
             if mount.container_path in taken:
                 continue
@@ -168,6 +172,10 @@ def apply(spec: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
                 )
             ]
     return out
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
 
 
 def _set_env(env: list[Any], entry: str) -> None:

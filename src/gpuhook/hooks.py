@@ -8,6 +8,12 @@ resolve by soname. It runs the host's ldconfig with ``-r <rootfs>``: ldconfig ch
 rootfs before it reads or writes anything, so the image's symlinks (``/etc``, ``/etc/ld.so.conf.d``,
 the cache itself) resolve inside the container and can never reach a host path. ``-X`` leaves
 the image's own library symlinks alone; the injected sonames are bind mounts already.
+
+What ldconfig reads is the image's (``/etc/ld.so.conf`` and what it includes), so it runs
+bounded: at most ``LDCONFIG_DATA_LIMIT`` of heap (an ``ld.so.conf`` that is a link to
+``/dev/zero`` is one endless line), ``LDCONFIG_CPU_S`` of CPU, and ``--timeout`` seconds of wall
+time (a FIFO blocks its reader forever), well inside the hook's own timeout in the spec. Past a
+bound it is killed and the container starts with the image's own cache, with a warning.
 """
 
 from __future__ import annotations
@@ -22,22 +28,29 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
+LDCONFIG_TIMEOUT_S = 15.0  # wall time; the hook's own timeout in the spec is 30 s
+LDCONFIG_CPU_S = 10
+LDCONFIG_DATA_LIMIT = 256 << 20  # RLIMIT_DATA: heap; read-only maps of big libraries do not count
 
 
-def update_ldcache(argv: list[str], stdin: bytes) -> list[str]:
-    """The ldconfig command line for the container whose OCI state is ``stdin``."""
+def update_ldcache(argv: list[str], stdin: bytes) -> tuple[list[str], float]:
+    """The ldconfig command line for the container whose OCI state is ``stdin``, and its
+    wall-time limit in seconds."""
     from gpuhook import ocispec
 
     folders: list[str] = []
     ldconfig = "/sbin/ldconfig"
+    timeout = LDCONFIG_TIMEOUT_S
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--folder", "--ldconfig") and i + 1 < len(argv):
+        if arg in ("--folder", "--ldconfig", "--timeout") and i + 1 < len(argv):
             if arg == "--folder":
                 folders.append(argv[i + 1])
-            else:
+            elif arg == "--ldconfig":
                 ldconfig = argv[i + 1]
+            else:
+                timeout = _seconds(argv[i + 1])
             i += 2
             continue
         raise UsageError(f"hook update-ldcache: unexpected argument {arg!r}")
@@ -56,10 +69,74 @@ def update_ldcache(argv: list[str], stdin: bytes) -> list[str]:
             f"hook update-ldcache: ldconfig {ldconfig} is not executable "
             "(hook.ldconfig in the gpuhook config)"
         )
-    return [ldconfig, "-X", "-r", rootfs, *folders]
+    return [ldconfig, "-X", "-r", rootfs, *folders], timeout
 
 
-VERBS: dict[str, Callable[[list[str], bytes], list[str]]] = {"update-ldcache": update_ldcache}
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise UsageError(
+            f"hook update-ldcache: invalid --timeout {text!r} (seconds, 0 < t <= 3600)"
+        )
+    return value
+
+
+VERBS: dict[str, Callable[[list[str], bytes], tuple[list[str], float]]] = {
+    "update-ldcache": update_ldcache
+}
+
+
+def run_bounded(command: list[str], timeout: float) -> int | None:
+    """Run ``command`` with the explicit SAFE_ENV, cwd ``/``, and the resource limits above.
+
+    Returns its exit code (negative: killed by that signal), or None when it outlived ``timeout``
+    and was killed.
+    """
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - replaced by exec
+        try:
+            import resource
+
+            os.chdir("/")
+            resource.setrlimit(resource.RLIMIT_DATA, (LDCONFIG_DATA_LIMIT, LDCONFIG_DATA_LIMIT))
+            resource.setrlimit(resource.RLIMIT_CPU, (LDCONFIG_CPU_S, LDCONFIG_CPU_S))
+            os.execve(command[0], command, SAFE_ENV)
+        finally:
+            os._exit(127)
+    if not _wait_until(pid, timeout):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        return None
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _wait_until(pid: int, timeout: float) -> bool:
+    """Whether child ``pid`` exited within ``timeout`` seconds (it is not reaped)."""
+    import select
+
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # kernel before 5.3: poll
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+            time.sleep(0.01)
+        return False
+    try:
+        ready, _, _ = select.select([pidfd], [], [], timeout)
+        return bool(ready)
+    finally:
+        os.close(pidfd)
 
 
 def main(argv: list[str]) -> int:
@@ -67,21 +144,16 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"gpuhook hook: unknown verb; known: {', '.join(VERBS)}\n")
         return 2
     try:
-        command = VERBS[argv[0]](argv[1:], sys.stdin.buffer.read())
+        command, timeout = VERBS[argv[0]](argv[1:], sys.stdin.buffer.read())
         os.chdir("/")
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - replaced by exec
-            try:
-                os.execve(command[0], command, SAFE_ENV)
-            finally:
-                os._exit(127)
-        _, status = os.waitpid(pid, 0)
-        code = os.waitstatus_to_exitcode(status)
+        code = run_bounded(command, timeout)
         if code != 0:
             # The image may lack /etc or ship no ld.so.conf (a scratch image has no dynamic
-            # loader to use a cache anyway): warn, do not fail the container.
+            # loader to use a cache anyway), or feed ldconfig something endless: warn, do not
+            # fail the container.
+            what = f"exited with {code}" if code is not None else f"ran past {timeout:g}s"
             sys.stderr.write(
-                f"gpuhook hook update-ldcache: {command[0]} exited with {code}; "
+                f"gpuhook hook update-ldcache: {command[0]} {what}; "
                 "the container's ld.so.cache was not refreshed\n"
             )
         return 0

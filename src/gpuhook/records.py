@@ -13,7 +13,7 @@ import os
 import time
 
 from gpuhook import __version__, _fastjson
-from gpuhook.fsutil import atomic_write
+from gpuhook.fsutil import atomic_write, remove_stale_temps, temp_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -84,6 +84,7 @@ def write(config: Config, container_id: str, bundle: str, record: dict[str, Any]
     if not valid_id(container_id):
         return f"container id {container_id!r} is not a valid runc id; no record written"
     path = os.path.join(bundle, RECORD_NAME)
+    remove_stale_temps(path)  # left by a create that was killed while writing its record
     try:
         atomic_write(path, _fastjson.dumps(record).encode(), 0o644, fsync=False)
     except (OSError, ValueError) as exc:
@@ -98,9 +99,14 @@ def write(config: Config, container_id: str, bundle: str, record: dict[str, Any]
     except FileExistsError:
         try:
             if os.readlink(link) != path:
-                tmp = f"{link}.{os.getpid()}.tmp"
+                remove_stale_temps(link)
+                tmp = temp_name(link)
                 os.symlink(path, tmp)
-                os.replace(tmp, link)
+                try:
+                    os.replace(tmp, link)
+                except OSError:
+                    os.unlink(tmp)
+                    raise
         except OSError as exc:
             return f"cannot link decision record {link}: {exc.strerror}"
     except OSError as exc:

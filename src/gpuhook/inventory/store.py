@@ -52,7 +52,7 @@ def read(config: Config) -> Inventory:
         raise InventoryError(f"cannot read inventory {path}: {exc.strerror}") from None
     try:
         return Inventory.from_dict(_fastjson.loads(raw))  # type: ignore[arg-type]
-    except ValueError as exc:
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:  # any damage is "corrupt"
         raise InventoryError(
             f"inventory {path} is corrupt ({exc}); run: gpuhook inventory refresh"
         ) from None
@@ -102,8 +102,8 @@ def refresh(config: Config, *, only_if_needed: bool = False) -> Inventory:
     ``only_if_needed``: after taking the lock, first re-read the file; another process may have
     refreshed it while this one waited.
     """
-    os.makedirs(os.path.dirname(config.inventory_path) or ".", exist_ok=True)
     try:
+        os.makedirs(os.path.dirname(config.inventory_path) or ".", exist_ok=True)
         lock = FileLock(lock_path(config), timeout=LOCK_TIMEOUT_S)
         with lock:
             if only_if_needed:
