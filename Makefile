@@ -25,7 +25,7 @@ build/bin/nvidia-container-runtime-hook: packaging/nvidia-container-runtime-hook
 	cp $< $@ && chmod 755 $@
 
 lint:
-	$(VENV)/bin/ruff check src tests tools tools/fake-node bench
+	$(VENV)/bin/ruff check src tests tools tools/fake-node $(wildcard bench)
 
 typecheck:
 	$(VENV)/bin/mypy
