@@ -36,6 +36,12 @@ class Context:
                 os.environ[config_mod.ENV_DEBUG] = "1"
             self._config = config_mod.load(self.config_file)
             log.configure(self._config.log_level, self._config.log_file, prefer_structlog=True)
+            ctx = click.get_current_context(silent=True)
+            log.get_logger().debug(
+                "cli",
+                command=ctx.command_path if ctx is not None else "gpuhook",
+                config=self._config.source,
+            )
         return self._config
 
 

@@ -124,7 +124,13 @@ def edits_for(
         for folder in folders:
             args += ["--folder", folder]
         hooks.append(
-            Hook("createContainer", config.hook_path, tuple(args), HOOK_ENV, HOOK_TIMEOUT_S)
+            Hook(
+                "createContainer",
+                config.hook_path,
+                tuple(args),
+                HOOK_ENV + config.propagated_env,
+                HOOK_TIMEOUT_S,
+            )
         )
     return ContainerEdits(
         env=tuple(env),
