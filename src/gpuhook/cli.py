@@ -225,7 +225,7 @@ def hook_update_ldcache(args: tuple[str, ...]) -> None:
     raise click.exceptions.Exit(hook_main(["update-ldcache", *args]))
 
 
-# --- debuggability: inspect container, gc --------------------------------------------------------
+# --- debuggability: inspect container, gc, doctor ------------------------------------------------
 
 
 @inspect_group.command("container")
@@ -296,6 +296,50 @@ def gc_command(obj: Context, dry_run: bool, grace: float, output: str | None) ->
         live=report.live,
     )
     emit(report.to_dict(), output, views.gc_table)
+
+
+@main.command("doctor")
+@output_option
+@click.option(
+    "--docker-config",
+    metavar="PATH",
+    default="/etc/docker/daemon.json",
+    show_default=True,
+    help="docker's daemon.json to check.",
+)
+@click.option(
+    "--containerd-config",
+    metavar="PATH",
+    default="/etc/containerd/config.toml",
+    show_default=True,
+    help="containerd's config.toml to check.",
+)
+@pass_ctx
+def doctor_command(
+    obj: Context, output: str | None, docker_config: str, containerd_config: str
+) -> None:
+    """Check the node: config, inventory, device nodes, driver libraries, the low-level runtime,
+    the hook, docker/containerd registration, MPS, state and log folders, the kubelet
+    checkpoint. One line per check, with the fix for each failure; exit 1 when any fails."""
+    from gpuhook import doctor, views
+    from gpuhook.errors import ChecksFailedError, ConfigError
+
+    try:
+        obj.config()  # logging, when the config is valid (the config check reports it if not)
+    except ConfigError:
+        pass
+    node = doctor.Node(
+        obj.config_file, docker_config=docker_config, containerd_config=containerd_config
+    )
+    results = doctor.run(node)
+    view = doctor.view(results)
+    log.get_logger().info("doctor", ok=view["ok"], **view["summary"])
+    for r in results:
+        log.get_logger().debug("check", **r.to_dict())
+    emit(view, output, views.doctor_table)
+    if not view["ok"]:
+        failed = [c["check"] for c in view["checks"] if c["status"] == doctor.FAIL]
+        raise ChecksFailedError(f"doctor: {len(failed)} failed: {', '.join(failed)}")
 
 
 def run(argv: list[str]) -> int:

@@ -431,3 +431,25 @@ def gc_table(view: dict[str, Any], color: bool = False) -> str:
     )
     return out
 
+
+# --- doctor ---------------------------------------------------------------------------------------
+
+
+def doctor_table(view: dict[str, Any], color: bool = False) -> str:
+    """One line per check: status, check, what was found, and for a failure or warning its fix."""
+    checks = view["checks"]
+    width = max((len(c["check"]) for c in checks), default=5)
+    lines = []
+    for c in checks:
+        status = c["status"]
+        line = f"{paint(status.upper().ljust(4), status, color)}  {c['check'].ljust(width)}  "
+        line += c["message"]
+        if c.get("fix") and status in ("fail", "warn"):
+            line += f"; fix: {c['fix']}"
+        lines.append(line.rstrip() + "\n")
+    s = view["summary"]
+    lines.append(
+        f"\ndoctor: {s['fail']} failed, {s['warn']} warnings, {s['pass']} passed, "
+        f"{s['skip']} skipped\n"
+    )
+    return "".join(lines)
