@@ -36,6 +36,12 @@ class Context:
                 os.environ[config_mod.ENV_DEBUG] = "1"
             self._config = config_mod.load(self.config_file)
             log.configure(self._config.log_level, self._config.log_file, prefer_structlog=True)
+            ctx = click.get_current_context(silent=True)
+            log.get_logger().debug(
+                "cli",
+                command=ctx.command_path if ctx is not None else "gpuhook",
+                config=self._config.source,
+            )
         return self._config
 
 
@@ -424,6 +430,123 @@ def mps_status(obj: Context, gpus: tuple[str, ...], output: str | None) -> None:
         "groups": [d.status() for d in _mps_daemons(obj, gpus)],
     }
     emit(view, output, views.mps_table)
+
+
+# --- debuggability: inspect container, gc, doctor ------------------------------------------------
+
+
+@inspect_group.command("container")
+@click.argument("container_id", metavar="[ID]", required=False)
+@click.option("--all", "-a", "show_all", is_flag=True, help="Every container with a record.")
+@click.option("--gpu", "gpu_only", is_flag=True, help="With --all: only GPU requests.")
+@output_option
+@pass_ctx
+def inspect_container(
+    obj: Context, container_id: str | None, show_all: bool, gpu_only: bool, output: str | None
+) -> None:
+    """What gpuhook-runtime decided for a container at create time, and why.
+
+    ID is a full container id or a unique prefix of one. The answer comes from the decision
+    record gpuhook-runtime wrote into the container's bundle (linked from
+    <state_dir>/containers/), so it is what the container got.
+    """
+    from gpuhook import containers, views
+
+    if show_all == bool(container_id):
+        raise UsageError("inspect container: give a container id (or a unique prefix), or --all")
+    config = obj.config()
+    if show_all:
+        entries = containers.scan(config.records_dir)
+        records = [
+            e.record
+            for e in entries
+            if e.record is not None and (not gpu_only or e.record["decision"]["gpu_container"])
+        ]
+        deleted = sum(1 for e in entries if e.state == containers.DELETED)
+        emit(records, output, lambda view, color: views.records_table(view, deleted, color))
+        return
+    entry = containers.find(config, container_id or "")
+    log.get_logger().debug("record read", container_id=entry.container_id, path=entry.target)
+    emit(entry.record, output, views.container_table)
+
+
+@main.command("gc")
+@click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Keep records younger than this (their create may still be under way).",
+)
+@output_option
+@pass_ctx
+def gc_command(obj: Context, dry_run: bool, grace: float, output: str | None) -> None:
+    """Remove the record links of containers that no longer exist.
+
+    Each container's decision record lives in its bundle and is linked from
+    <state_dir>/containers/<id>.json. gc removes a link when the bundle is gone (the engine
+    deleted the container), or when the runtime that created the container no longer has it
+    (<runtime> --root <root> state <id> fails and its state folder has no such id). Live
+    containers, recent records and anything gc cannot judge are kept, each with the reason.
+    """
+    from gpuhook import containers, views
+
+    config = obj.config()
+    report = containers.gc(config, dry_run=dry_run, grace_s=grace)
+    log.get_logger().info(
+        "gc",
+        dry_run=dry_run,
+        removed=[i.container_id for i in report.removed],
+        kept=len(report.items) - len(report.removed),
+        live=report.live,
+    )
+    emit(report.to_dict(), output, views.gc_table)
+
+
+@main.command("doctor")
+@output_option
+@click.option(
+    "--docker-config",
+    metavar="PATH",
+    default="/etc/docker/daemon.json",
+    show_default=True,
+    help="docker's daemon.json to check.",
+)
+@click.option(
+    "--containerd-config",
+    metavar="PATH",
+    default="/etc/containerd/config.toml",
+    show_default=True,
+    help="containerd's config.toml to check.",
+)
+@pass_ctx
+def doctor_command(
+    obj: Context, output: str | None, docker_config: str, containerd_config: str
+) -> None:
+    """Check the node: config, inventory, device nodes, driver libraries, the low-level runtime,
+    the hook, docker/containerd registration, MPS, state and log folders, the kubelet
+    checkpoint. One line per check, with the fix for each failure; exit 1 when any fails."""
+    from gpuhook import doctor, views
+    from gpuhook.errors import ChecksFailedError, ConfigError
+
+    try:
+        obj.config()  # logging, when the config is valid (the config check reports it if not)
+    except ConfigError:
+        pass
+    node = doctor.Node(
+        obj.config_file, docker_config=docker_config, containerd_config=containerd_config
+    )
+    results = doctor.run(node)
+    view = doctor.view(results)
+    log.get_logger().info("doctor", ok=view["ok"], **view["summary"])
+    for r in results:
+        log.get_logger().debug("check", **r.to_dict())
+    emit(view, output, views.doctor_table)
+    if not view["ok"]:
+        failed = [c["check"] for c in view["checks"] if c["status"] == doctor.FAIL]
+        raise ChecksFailedError(f"doctor: {len(failed)} failed: {', '.join(failed)}")
 
 
 def run(argv: list[str]) -> int:

@@ -249,6 +249,18 @@ class Config(Frozen):
     def records_dir(self) -> str:
         return os.path.join(self.state_dir, "containers")
 
+    @property
+    def propagated_env(self) -> tuple[str, ...]:
+        """gpuhook's own variables for the hooks it adds to a container, whose env is otherwise
+        PATH alone: the config file when it is not the default one, and ``GPUHOOK_DEBUG=1`` when
+        the environment (not the file) turned debug on. Never anything from the container."""
+        out: list[str] = []
+        if self.source.startswith("/") and self.source != DEFAULT_PATH:
+            out.append(f"{ENV_CONFIG}={self.source}")
+        if self.log_level == "debug" and self.data["log"]["level"] != "debug":
+            out.append(f"{ENV_DEBUG}=1")
+        return tuple(out)
+
     def require_runtime(self) -> str:
         if not self.runtime:
             wanted = self.data["runtime"]["path"] or " or ".join(_RUNTIME_CANDIDATES)

@@ -132,7 +132,13 @@ def edits_for(
         for folder in folders:
             args += ["--folder", folder]
         hooks.append(
-            Hook("createContainer", config.hook_path, tuple(args), HOOK_ENV, HOOK_TIMEOUT_S)
+            Hook(
+                "createContainer",
+                config.hook_path,
+                tuple(args),
+                HOOK_ENV + config.propagated_env,
+                HOOK_TIMEOUT_S,
+            )
         )
     replace: tuple[str, ...] = ()
     if mps is not None:

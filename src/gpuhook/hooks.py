@@ -27,6 +27,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from gpuhook.log import Logger
+
 SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
 LDCONFIG_TIMEOUT_S = 15.0  # wall time; the hook's own timeout in the spec is 30 s
 LDCONFIG_CPU_S = 10
@@ -143,10 +145,18 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in VERBS:
         sys.stderr.write(f"gpuhook hook: unknown verb; known: {', '.join(VERBS)}\n")
         return 2
+    import time
+
+    stdin = b""
+    logger: Logger | None = None
     try:
-        command, timeout = VERBS[argv[0]](argv[1:], sys.stdin.buffer.read())
+        stdin = sys.stdin.buffer.read()
+        logger = _logger(argv[0], stdin)
+        command, timeout = VERBS[argv[0]](argv[1:], stdin)
+        started = time.monotonic()
         os.chdir("/")
         code = run_bounded(command, timeout)
+        elapsed_ms = round((time.monotonic() - started) * 1000, 1)
         if code != 0:
             # The image may lack /etc or ship no ld.so.conf (a scratch image has no dynamic
             # loader to use a cache anyway), or feed ldconfig something endless: warn, do not
@@ -156,8 +166,35 @@ def main(argv: list[str]) -> int:
                 f"gpuhook hook update-ldcache: {command[0]} {what}; "
                 "the container's ld.so.cache was not refreshed\n"
             )
+            if logger is not None:
+                logger.warning("ldcache not refreshed", command=command, exit_code=code)
+        elif logger is not None:
+            logger.debug("ldcache refreshed", command=command, elapsed_ms=elapsed_ms)
         return 0
     except Exception as exc:
         code, message = describe(exc)
         sys.stderr.write(f"gpuhook hook {argv[0]}: {message}\n")
+        if logger is not None:
+            logger.error("hook failed", error=message)
         return code
+
+
+def _logger(verb: str, stdin: bytes) -> Logger | None:
+    """The hook's logger, configured from gpuhook's config (GPUHOOK_CONFIG and GPUHOOK_DEBUG
+    reach the hook through the env gpuhook-runtime gave it); None when there is no usable
+    config. Bound to the container id of the OCI state."""
+    from gpuhook import config as config_mod
+    from gpuhook import log
+
+    try:
+        config = config_mod.load()
+    except Exception:
+        return None
+    log.configure(config.log_level, config.log_file)
+    from gpuhook import ocispec
+
+    try:
+        container_id = str(ocispec.parse_state(stdin).get("id", ""))
+    except SpecError:
+        container_id = ""  # the verb reports the malformed state itself
+    return log.get_logger(container_id=container_id, hook=verb)

@@ -20,10 +20,12 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuhook.config import Config
+    from gpuhook.model import Request
     from gpuhook.pipeline import Outcome
 
 RECORD_NAME = "gpuhook-decision.json"
 RECORD_VERSION = 1
+NO_REQUEST = "no GPU request in the spec"
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-.")
 
 
@@ -38,33 +40,57 @@ def valid_id(container_id: str) -> bool:
 
 
 def build(
-    container_id: str, bundle: str, outcome: Outcome | None, note: str = ""
+    container_id: str,
+    bundle: str,
+    outcome: Outcome | None,
+    note: str = "",
+    *,
+    request: Request | None = None,
+    runtime: str = "",
+    root: str = "",
+    config: str = "",
 ) -> dict[str, Any]:
-    """The record. ``outcome`` None: the spec carried no GPU request (the byte pre-check)."""
+    """The record (its JSON Schema: ``schemas/record.schema.json``).
+
+    ``outcome`` None: nothing was decided because the spec carries no GPU request; ``request``
+    is the parsed request when the spec was parsed, None when the byte pre-check alone proved
+    that there is none (then ``note`` says so). ``runtime`` and ``root`` are the low-level
+    runtime and its ``--root`` (its state folder, "" for its default), which ``gpuhook gc``
+    asks whether the container still exists; ``config`` the gpuhook config file that decided.
+    """
     record: dict[str, Any] = {
         "record_version": RECORD_VERSION,
         "container_id": container_id,
         "bundle": bundle,
         "gpuhook_version": __version__,
         "timestamp": time.time(),
+        "config": config,
+        "runtime": {"path": runtime, "root": root},
     }
     if outcome is None:
-        record["kubernetes"] = None
-        record["request"] = {"channels": []}
+        kube = request.kubernetes if request is not None else None
+        record["kubernetes"] = kube.to_dict() if kube is not None else None
+        record["request"] = request.to_dict() if request is not None else None
+        record["allocation"] = None
+        record["allocation_error"] = ""
         record["decision"] = {
             "gpu_container": False,
             "devices": [],
+            "driver_only": False,
+            "capabilities": [],
+            "channel": None,
             "refused": False,
             "reasons": [
                 {
                     "channel": "-",
                     "value": "",
                     "verdict": "ignored",
-                    "why": note or "no GPU request in the spec",
+                    "why": note or NO_REQUEST,
                 }
             ],
         }
-        record["edits"] = None
+        record["edits"] = {"env": [], "deviceNodes": [], "mounts": [], "hooks": []}
+        record["mps"] = None  # MPS limits: none without a GPU
         record["spec_changed"] = False
         return record
     req = outcome.request
@@ -75,6 +101,7 @@ def build(
     record["decision"] = outcome.decision.to_dict()
     record["edits"] = outcome.edits.to_dict()
     record["spec_changed"] = outcome.changed
+    # MPS limits of a shared GPU (CUDA_MPS_* and the pipe directory), with their sources
     record["mps"] = outcome.mps.to_dict() if outcome.mps is not None else None
     return record
 

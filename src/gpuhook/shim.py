@@ -20,8 +20,12 @@ from gpuhook.errors import GpuhookError, RuntimeNotFoundError, SpecError, descri
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpuhook.config import Config
     from gpuhook.fsutil import FileLock
+    from gpuhook.model import Request
+    from gpuhook.pipeline import Outcome
     from gpuhook.runtime_args import RuntimeArgs
 
 PROG = "gpuhook-runtime"
@@ -68,7 +72,7 @@ def _exec(runtime: str, argv: list[str], args: RuntimeArgs) -> int:
 
 
 def _create(argv: list[str], args: RuntimeArgs) -> int:
-    from gpuhook import log, ocispec, request
+    from gpuhook import ocispec, request
 
     bundle = os.path.abspath(args.bundle or ".")
     try:
@@ -78,11 +82,11 @@ def _create(argv: list[str], args: RuntimeArgs) -> int:
 
     if not request.may_request_gpu(raw):
         config = _config_or_none()
+        runtime = _runtime(config)
         if config is not None:
             _configure_log(config)
-            _record(config, args.container_id, bundle, None, "no GPU marker in config.json")
-            log.get_logger(container_id=args.container_id).debug("decision", gpu_container=False)
-        runtime = _runtime(config)
+            note = "no GPU marker in config.json (the spec was not parsed)"
+            _record_and_log(config, args, bundle, None, note)
         if not runtime:
             return _fail(args, RuntimeNotFoundError("no low-level OCI runtime found"))
         return _exec(runtime, argv, args)
@@ -99,9 +103,10 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
     except SpecError as exc:
         return _fail(args, exc)
     try:
-        has_request = bool(request.parse(spec).channels)
+        req = request.parse(spec)
     except SpecError as exc:
         return _fail(args, exc)
+    has_request = bool(req.channels)
     config: Config | None
     try:
         config = config_mod.load()
@@ -112,7 +117,7 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
     if config is None or not has_request:
         if config is not None:
             _configure_log(config)
-            _record(config, args.container_id, bundle, None)
+            _record_and_log(config, args, bundle, req, "")
         runtime = _runtime(config)
         if not runtime:
             return _fail(args, RuntimeNotFoundError("no low-level OCI runtime found"))
@@ -132,7 +137,7 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
         except Exception as exc:  # a bug: fail closed for a GPU request, with one line
             logger.error("internal error", error=repr(exc))
             return _fail(args, exc)
-        failure = _record(config, args.container_id, bundle, outcome)
+        failure = _record(config, args, bundle, outcome)
     finally:
         usage.release()  # after the record: the next MPS create counts this container
     decision = outcome.decision
@@ -197,14 +202,51 @@ def _configure_log(config: Config) -> None:
     log.configure(config.log_level, config.log_file)
 
 
-def _record(config: Config, container_id: str, bundle: str, outcome: object, note: str = "") -> str:
+def _record(
+    config: Config, args: RuntimeArgs, bundle: str, outcome: Outcome | None, **kw: Any
+) -> str:
+    """Write the decision record; "" on success, else the one-line failure (never raises: a
+    record must never block a container)."""
     from gpuhook import records
 
     try:
-        record = records.build(container_id, bundle, outcome, note)  # type: ignore[arg-type]
-        return records.write(config, container_id, bundle, record)
-    except Exception as exc:  # a record must never block a container
+        record = records.build(
+            args.container_id,
+            bundle,
+            outcome,
+            runtime=config.runtime,
+            root=args.root,
+            config=config.source,
+            **kw,
+        )
+        return records.write(config, args.container_id, bundle, record)
+    except Exception as exc:
         return f"record failed: {exc!r}"
+
+
+def _record_and_log(
+    config: Config, args: RuntimeArgs, bundle: str, req: Request | None, note: str
+) -> None:
+    """A container that asked for no GPU: its record and a debug ``decision`` event shaped as
+    the GPU path's, plus a warning when the record could not be written."""
+    from gpuhook import log, records
+
+    failure = _record(config, args, bundle, None, note=note, request=req)
+    logger = log.get_logger(container_id=args.container_id, bundle=bundle)
+    if log.debug_enabled():
+        why = note or records.NO_REQUEST
+        logger.debug(
+            "decision",
+            gpu_container=False,
+            channel=None,
+            devices=[],
+            refused=False,
+            reasons=[{"channel": "-", "value": "", "verdict": "ignored", "why": why}],
+            kubernetes=req.kubernetes.to_dict() if req is not None and req.kubernetes else None,
+            spec_changed=False,
+        )
+    if failure:
+        logger.warning("record not written", error=failure)
 
 
 def _fail(args: RuntimeArgs, exc: BaseException) -> int:

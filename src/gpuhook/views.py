@@ -320,11 +320,33 @@ def outcome_view(outcome: Outcome, bundle: str) -> dict[str, Any]:
     }
 
 
+def _mount_rows(mounts: list[dict[str, Any]]) -> list[list[str]]:
+    """Mounts grouped by the folder they land in (a library folder is a tmpfs with one bind
+    mount per name of each library): one row per folder, the full list is in the JSON."""
+    tmpfs = [m["containerPath"] for m in mounts if m["type"] != "bind"]
+    groups: dict[str, dict[str, list[str]]] = {}  # container folder -> host file -> names
+    for m in mounts:
+        if m["type"] != "bind":
+            continue
+        folder, _, name = m["containerPath"].rpartition("/")
+        groups.setdefault(folder or "/", {}).setdefault(m["hostPath"], []).append(name)
+    rows = []
+    for folder, files in groups.items():
+        names = [min(ns, key=len) for ns in files.values()]  # a library's soname, not its file
+        hosts = {h.rpartition("/")[0] or "/" for h in files}
+        source = f" <- {hosts.pop()}" if len(hosts) == 1 else ""
+        kind = "libraries" if folder in tmpfs else "mounts"
+        where = f"{folder} (tmpfs)" if folder in tmpfs else folder
+        rows.append([kind, f"{where}: {', '.join(names)}{source}"])
+    rows += [["tmpfs", t] for t in tmpfs if t not in groups]
+    return rows
+
+
 def decision_table(view: dict[str, Any], color: bool = False) -> str:
     """The request, the decision with its reasons, and the edits: shared by inspect spec and
     inspect container."""
     out = []
-    req = view["request"]
+    req = view.get("request") or {}  # None in a record: the spec had no GPU marker to parse
     kube = view.get("kubernetes")
     who = "-"
     if kube:
@@ -349,7 +371,7 @@ def decision_table(view: dict[str, Any], color: bool = False) -> str:
         verdict = paint("refused", "refused", color) + ": no GPU"
     head = [
         ("Container", who),
-        ("Privileged", "yes" if req.get("privileged") else "no"),
+        ("Privileged", "yes" if req.get("privileged") else "no" if req else "-"),
         ("Decision", verdict),
     ]
     if dec.get("capabilities"):
@@ -397,17 +419,130 @@ def decision_table(view: dict[str, Any], color: bool = False) -> str:
     edits = view.get("edits")
     if edits:
         rows = [["env", e] for e in edits["env"]]
-        rows += [
-            ["device", f"{d['path']} ({d['type']} {d['major']}:{d['minor']})"]
-            for d in edits["deviceNodes"]
-        ]
-        binds = [m for m in edits["mounts"] if m["type"] == "bind"]
-        tmpfs = [m for m in edits["mounts"] if m["type"] != "bind"]
-        rows += [["tmpfs", m["containerPath"]] for m in tmpfs]
-        rows += [["mount", f"{m['containerPath']} <- {m['hostPath']}"] for m in binds]
+        nodes = [f"{d['path']} ({d['major']}:{d['minor']})" for d in edits["deviceNodes"]]
+        if nodes:
+            rows.append(["devices", ", ".join(nodes)])
+        rows += _mount_rows(edits["mounts"])
         rows += [["hook", f"{h['hookName']}: {' '.join(h['args'])}"] for h in edits["hooks"]]
         rows += [["remove hook", h] for h in edits.get("removeHooks", [])]
         rows += [["replace mount", m] for m in edits.get("replaceMounts", [])]
         if rows:
             out.append(section("Injected", table(["KIND", "WHAT"], rows), color))
     return "\n".join(out)
+
+
+# --- inspect container ----------------------------------------------------------------------------
+
+
+def _short_decision(dec: dict[str, Any], color: bool) -> str:
+    if not dec["gpu_container"]:
+        return "no GPU"
+    if dec["devices"]:
+        return paint("granted", "granted", color) + " " + ",".join(d["id"] for d in dec["devices"])
+    if dec["driver_only"]:
+        return paint("granted", "granted", color) + " driver only"
+    return paint("refused", "refused", color)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def container_table(record: dict[str, Any], color: bool = False, now: float | None = None) -> str:
+    """One container's record: where and when it was decided, then :func:`decision_table`."""
+    now = time.time() if now is None else now
+    ts = float(record["timestamp"])
+    rt = record.get("runtime") or {}
+    runtime = rt.get("path") or "-"
+    if rt.get("root"):
+        runtime += f" --root {rt['root']}"
+    head = [
+        ("ID", record["container_id"]),
+        ("Created", f"{_iso(ts)} ({age(now - ts)}) by gpuhook {record['gpuhook_version']}"),
+        ("Bundle", record["bundle"]),
+        ("Runtime", runtime),
+        ("Config", record.get("config") or "-"),
+    ]
+    width = max(len(k) for k, _ in head)
+    block = "".join(f"{k.ljust(width)}  {v}\n" for k, v in head)
+    return block + "\n" + decision_table(record, color)
+
+
+def records_table(
+    records: list[dict[str, Any]], deleted: int, color: bool = False, now: float | None = None
+) -> str:
+    """``inspect container --all``: one line per container, oldest first."""
+    now = time.time() if now is None else now
+    rows = []
+    for r in records:
+        kube = r.get("kubernetes")
+        who = "-"
+        if kube:
+            name = kube["container_name"] or kube["container_type"]
+            who = f"{kube['namespace']}/{kube['pod_name']}/{name}"
+        dec = r["decision"]
+        why = dec["reasons"][0]["why"] if dec["reasons"] else ""
+        rows.append(
+            [
+                r["container_id"][:12],
+                age(now - float(r["timestamp"])),
+                who,
+                dec.get("channel") or "-",
+                _short_decision(dec, color),
+                _clip(why, 72),
+            ]
+        )
+    out = table(["ID", "CREATED", "KUBERNETES", "CHANNEL", "DECISION", "WHY"], rows)
+    if not records:
+        out = "no decision records\n"
+    if deleted:
+        out += (
+            f"({deleted} record link{'s' if deleted != 1 else ''} of deleted containers not "
+            "shown; gpuhook gc removes them)\n"
+        )
+    return out
+
+
+# --- gc -------------------------------------------------------------------------------------------
+
+
+def gc_table(view: dict[str, Any], color: bool = False) -> str:
+    dry = view["dry_run"]
+    verb = "would remove" if dry else "removed"
+    rows = [
+        [paint(verb, "warn" if dry else "ok", color), i["container_id"], i["reason"]]
+        for i in view["removed"]
+    ]
+    rows += [[paint("kept", "pass", color), i["container_id"], i["reason"]] for i in view["kept"]]
+    out = table(["ACTION", "CONTAINER", "WHY"], rows) if rows else ""
+    n = len(view["removed"])
+    out += (
+        f"gc: {verb} {n} link{'s' if n != 1 else ''} of deleted containers, kept "
+        f"{len(view['kept'])}, {view['live']} live ({view['records_dir']})"
+        + ("; dry run: nothing removed" if dry else "")
+        + "\n"
+    )
+    return out
+
+
+# --- doctor ---------------------------------------------------------------------------------------
+
+
+def doctor_table(view: dict[str, Any], color: bool = False) -> str:
+    """One line per check: status, check, what was found, and for a failure or warning its fix."""
+    checks = view["checks"]
+    width = max((len(c["check"]) for c in checks), default=5)
+    lines = []
+    for c in checks:
+        status = c["status"]
+        line = f"{paint(status.upper().ljust(4), status, color)}  {c['check'].ljust(width)}  "
+        line += c["message"]
+        if c.get("fix") and status in ("fail", "warn"):
+            line += f"; fix: {c['fix']}"
+        lines.append(line.rstrip() + "\n")
+    s = view["summary"]
+    lines.append(
+        f"\ndoctor: {s['fail']} failed, {s['warn']} warnings, {s['pass']} passed, "
+        f"{s['skip']} skipped\n"
+    )
+    return "".join(lines)
