@@ -32,11 +32,16 @@ from tests.integration.test_leak_matrix import gpus, uuid, write_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
+# One fake runtime for both phases, so both use the same config (the spec gpuhook writes names
+# the config file in the hook's env): it sleeps (after leaving its pid in {started}) while the
+# file {started}/SLEEP exists, else it exits 0 at once.
 SLEEPER = """#!/bin/sh
-: > "{started}/$$"
-exec sleep 60
+if [ -e "{started}/SLEEP" ]; then
+  : > "{started}/$$"
+  exec sleep 60
+fi
+exit 0
 """
-DONE = "#!/bin/sh\nexit 0\n"
 
 
 def temps(folder: Path) -> list[str]:
@@ -122,10 +127,10 @@ def test_kill_9_at_random_points_never_leaves_a_partial_spec(
     and after the next create of the same bundle no temp file is left."""
     started = tmp_path / "started"
     started.mkdir()
-    sleeper = node.variant(
-        tmp_path, runtime={"path": script(tmp_path / "sleeper", SLEEPER.format(started=started))}
+    env = node.variant(
+        tmp_path, runtime={"path": script(tmp_path / "runtime", SLEEPER.format(started=started))}
     )
-    done = node.variant(tmp_path, runtime={"path": script(tmp_path / "done", DONE)})
+    sleep_flag = started / "SLEEP"
     spec = json.loads(json.dumps(spec_template))
     spec["process"]["env"] = ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=1"]
     old = json.dumps(spec, indent=2).encode()
@@ -136,14 +141,14 @@ def test_kill_9_at_random_points_never_leaves_a_partial_spec(
         (bundle / "config.json").write_bytes(old)
         return bundle
 
-    for env in (sleeper, done):  # compile each config's cache once, as a node's first create
-        assert node.gpuhook("inspect", "node", "-o", "json", env=env).returncode == 0
+    # compile the config's cache once, as a node's first create does
+    assert node.gpuhook("inspect", "node", "-o", "json", env=env).returncode == 0
     reference = fresh_bundle("reference")
     durations = []
     for _ in range(3):
         (reference / "config.json").write_bytes(old)
         t0 = time.monotonic()
-        assert shim(reference, done).wait(60) == 0
+        assert shim(reference, env).wait(60) == 0
         durations.append(time.monotonic() - t0)
     new = (reference / "config.json").read_bytes()
     assert f"NVIDIA_VISIBLE_DEVICES={uuid(node, 1)}" in json.loads(new)["process"]["env"]
@@ -153,7 +158,8 @@ def test_kill_9_at_random_points_never_leaves_a_partial_spec(
     outcomes = {"old": 0, "new": 0, "exec": 0}
     for i in range(100):
         bundle = fresh_bundle(f"b{i}")
-        proc = shim(bundle, sleeper, cid=f"c{i}")
+        sleep_flag.touch()
+        proc = shim(bundle, env, cid=f"c{i}")
         time.sleep(rnd.uniform(0, span))
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
@@ -161,7 +167,8 @@ def test_kill_9_at_random_points_never_leaves_a_partial_spec(
         assert now in (old, new), f"run {i}: config.json is neither the old nor the new spec"
         outcomes["old" if now == old else "new"] += 1
         outcomes["exec"] += (started / str(proc.pid)).exists()
-        assert shim(bundle, done, cid=f"c{i}").wait(60) == 0  # the next create
+        sleep_flag.unlink()
+        assert shim(bundle, env, cid=f"c{i}").wait(60) == 0  # the next create
         assert (bundle / "config.json").read_bytes() == new
         assert temps(bundle) == [], f"run {i}: {temps(bundle)}"
         assert temps(node.root / "state" / "containers") == []

@@ -331,8 +331,12 @@ def test_image_env_never_reaches_gpuhook_on_the_host(
     spec = json.loads((bundle / "config.json").read_text())
     hooks = [h for stage in spec.get("hooks", {}).values() for h in stage]
     assert hooks  # gpuhook added its createContainer hook ...
-    for hook in hooks:  # ... and every hook carries its own env, none of the image's
-        assert hook["env"] == ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], hook
+    for hook in hooks:  # ... and every hook carries its own env, none of the image's: a fixed
+        # PATH and the host-side config file gpuhook-runtime itself was started with
+        assert hook["env"] == [
+            "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+            f"GPUHOOK_CONFIG={node.env['GPUHOOK_CONFIG']}",
+        ], hook
 
 
 def test_a_hook_without_env_would_have_been_exploitable(

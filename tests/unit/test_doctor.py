@@ -175,10 +175,10 @@ def test_a_registered_check_gets_its_own_line_and_fails_the_run(
     registry: None,
     engines: list[str],
 ) -> None:
-    """How the MPS check lands: one function, registered; here an MPS daemon that is down."""
+    """A check is one registered function; here one replacing the MPS check."""
     monkeypatch.setenv("GPUHOOK_CONFIG", str(paper_node(tmp_path)))
     code, lines, _ = run_doctor(capsys, *engines)
-    assert lines["mps"] == ("SKIP", "MPS not configured")
+    assert lines["mps"] == ("SKIP", "MPS not configured (no mps.gpus or mps.groups)")
 
     @doctor.register("mps")
     def mps_down(node: doctor.Node) -> doctor.Result:
