@@ -372,6 +372,8 @@ def _hook(rootfs: Path, bundle: Path, *args: str) -> tuple[subprocess.CompletedP
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
         "sys.exit(out.returncode)\n"
     )
+    config = bundle / "gpuhook.yaml"  # the hook logs: keep it off the host's /var/log/gpuhook
+    config.write_text(f"state_dir: {bundle}/state\nlog:\n  file: {bundle}/gpuhook.log\n")
     out = subprocess.run(
         [sys.executable, "-c", wrapper, testbed.GPUHOOK, "hook", "update-ldcache", *args],
         input=state,
@@ -379,6 +381,7 @@ def _hook(rootfs: Path, bundle: Path, *args: str) -> tuple[subprocess.CompletedP
         text=True,
         timeout=120,
         check=False,
+        env={**os.environ, "GPUHOOK_CONFIG": str(config)},
     )
     return out, time.monotonic() - start
 
