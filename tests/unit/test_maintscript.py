@@ -70,38 +70,45 @@ version = 3
         ),
     ],
 )
-def test_docker_default(daemon: dict[str, object], expected: str) -> None:
-    assert m.docker_default(json.dumps(daemon)) == expected
+def test_docker_default(tmp_path: Path, daemon: dict[str, object], expected: str) -> None:
+    path = tmp_path / "daemon.json"
+    path.write_text(json.dumps(daemon))
+    found = m.findings(str(path), str(tmp_path / "none.toml"))
+    assert [f.detail for f in found] == ([expected] if expected else [])
 
 
-def test_docker_default_bad_json() -> None:
-    with pytest.raises(ValueError):
-        m.docker_default('{"default-runtime": ')
-    with pytest.raises(ValueError):
-        m.docker_default("[1, 2]")
-    assert m.docker_default("  \n") == ""
+def test_docker_default_bad_json(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.json"
+    for text in ('{"default-runtime": ', "[1, 2]"):
+        path.write_text(text)
+        (finding,) = m.findings(str(path), str(tmp_path / "none.toml"))
+        assert finding.problem and not finding.detail
+    path.write_text("  \n")
+    assert m.findings(str(path), str(tmp_path / "none.toml"))[0].problem  # not JSON either
 
 
-def test_containerd_default_layouts() -> None:
-    assert m.containerd_default(CONTAINERD_V2) == (
-        'default_runtime_name "gpuhook" -> /usr/bin/gpuhook-runtime in '
-        '[plugins."io.containerd.grpc.v1.cri".containerd]'
-    )
-    assert m.containerd_default(CONTAINERD_V3_RENAMED) == (
-        'default_runtime_name "gpu" -> /usr/bin/gpuhook-runtime in '
-        '[plugins."io.containerd.cri.v1.runtime".containerd]'
-    )
-    registered_not_default = CONTAINERD_V2.replace('= "gpuhook"', '= "runc"', 1)
-    assert m.containerd_default(registered_not_default) == ""
+def test_containerd_default_layouts(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+
+    def details(text: str) -> list[str]:
+        path.write_text(text)
+        return [f.detail or f.problem for f in m.findings(str(tmp_path / "none"), str(path))]
+
+    assert details(CONTAINERD_V2) == ['default_runtime_name "gpuhook" -> /usr/bin/gpuhook-runtime']
+    assert details(CONTAINERD_V3_RENAMED) == [
+        'default_runtime_name "gpu" -> /usr/bin/gpuhook-runtime'
+    ]
+    assert details(CONTAINERD_V2.replace('= "gpuhook"', '= "runc"', 1)) == []
+    # A version 1 file cannot be read reliably: the warning asks for a check by hand.
     legacy = (
         "[plugins.cri.containerd.default_runtime.options]\n"
         'BinaryName = "/usr/bin/gpuhook-runtime"\n'
     )
-    assert m.containerd_default(legacy) == (
-        "default_runtime /usr/bin/gpuhook-runtime in [plugins.cri.containerd]"
-    )
-    with pytest.raises(ValueError):
-        m.containerd_default("[plugins\n")
+    assert details(legacy) == [
+        "config version 1 is not supported (gpuhook reads versions 2 and 3; containerd config "
+        "migrate converts older files)"
+    ]
+    assert details("[plugins\n")[0].startswith("not valid TOML: ")
 
 
 def test_findings_follow_containerd_imports(tmp_path: Path) -> None:
@@ -110,9 +117,8 @@ def test_findings_follow_containerd_imports(tmp_path: Path) -> None:
     main.write_text('version = 2\nimports = ["conf.d/*.toml"]\n')
     (tmp_path / "conf.d" / "50-gpuhook.toml").write_text(CONTAINERD_V2)
     found = m.findings(str(tmp_path / "daemon.json"), str(main))
-    assert [(f.engine, f.path, f.problem) for f in found] == [
-        ("containerd", str(tmp_path / "conf.d" / "50-gpuhook.toml"), "")
-    ]
+    assert [(f.engine, f.path, f.problem) for f in found] == [("containerd", str(main), "")]
+    assert found[0].detail == 'default_runtime_name "gpuhook" -> /usr/bin/gpuhook-runtime'
 
 
 def test_removal_warning_and_hint_lines(tmp_path: Path) -> None:
@@ -129,7 +135,8 @@ def test_removal_warning_and_hint_lines(tmp_path: Path) -> None:
         '(default-runtime "gpuhook"); without gpuhook every docker container will fail to '
         'start: remove "default-runtime" (or set it to "runc") and restart docker (this '
         "package does not edit it)",
-        f"gpuhook: warning: cannot parse {containerd} (Invalid value (at line 1, column 11)); "
+        f"gpuhook: warning: cannot parse {containerd} (not valid TOML: Invalid value (at line 1, "
+        "column 11)); "
         "check by hand that containerd does not use gpuhook as its default runtime",
     ]
     assert m.configure_hint(found) == []  # already the default somewhere: no hint
