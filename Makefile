@@ -25,7 +25,7 @@ build/bin/nvidia-container-runtime-hook: packaging/nvidia-container-runtime-hook
 	cp $< $@ && chmod 755 $@
 
 lint:
-	$(VENV)/bin/ruff check src tests tools tools/fake-node bench
+	$(VENV)/bin/ruff check src tests tools tools/fake-node $(wildcard bench)
 
 typecheck:
 	$(VENV)/bin/mypy
@@ -45,5 +45,9 @@ BENCH_ARGS ?=
 bench: build
 	$(PY) bench/lifecycle.py $(BENCH_ARGS)
 
+# dist/gpuhook_<version>_all.deb with Debian's tools, then lintian (fails on errors).
+deb:
+	packaging/deb/build-deb
+
 clean:
-	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist packaging/deb/build .pytest_cache .mypy_cache .ruff_cache

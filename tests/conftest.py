@@ -169,14 +169,17 @@ class Containers:
         cid = container_id or f"gh-{uuid.uuid4().hex[:12]}"
         return testbed.run_container(str(bundle), cid, str(self.state), env, runtime)
 
-    def probe(self, runtime_env: Mapping[str, str], **kw: Any) -> dict[str, Any]:
+    def probe(
+        self, runtime_env: Mapping[str, str], container_id: str | None = None, **kw: Any
+    ) -> dict[str, Any]:
         """Run the standard probe in a container (``kw`` shapes the bundle: env, annotations,
         mounts, privileged, hooks); return what it saw (dev nodes, env, ldconfig -p,
-        nvidia-smi -L) plus the runtime's exit code, stderr and the bundle path."""
+        nvidia-smi -L) plus the runtime's exit code, stderr, the bundle path and the id."""
         bundle = self.bundle(args=("/bin/sh", "-c", testbed.PROBE), **kw)
-        out = self.run(bundle, runtime_env)
+        cid = container_id or f"gh-{uuid.uuid4().hex[:12]}"
+        out = self.run(bundle, runtime_env, container_id=cid)
         seen = testbed.parse_probe(out.stdout)
-        seen.update(returncode=out.returncode, stderr=out.stderr, bundle=bundle)
+        seen.update(returncode=out.returncode, stderr=out.stderr, bundle=bundle, container_id=cid)
         return seen
 
 

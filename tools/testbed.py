@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD_BIN = os.path.join(REPO, "build", "bin")
+# The executables under test: this checkout's build/bin dispatchers, or the folder named by
+# GPUHOOK_TEST_EXECUTABLES (e.g. /usr/bin, to run the suite against the installed .deb).
+BUILD_BIN = os.environ.get("GPUHOOK_TEST_EXECUTABLES") or os.path.join(REPO, "build", "bin")
 RUNTIME = os.path.join(BUILD_BIN, "gpuhook-runtime")
 GPUHOOK = os.path.join(BUILD_BIN, "gpuhook")
 

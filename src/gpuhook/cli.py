@@ -36,6 +36,12 @@ class Context:
                 os.environ[config_mod.ENV_DEBUG] = "1"
             self._config = config_mod.load(self.config_file)
             log.configure(self._config.log_level, self._config.log_file, prefer_structlog=True)
+            ctx = click.get_current_context(silent=True)
+            log.get_logger().debug(
+                "cli",
+                command=ctx.command_path if ctx is not None else "gpuhook",
+                config=self._config.source,
+            )
         return self._config
 
 
@@ -157,7 +163,13 @@ def inspect_node(obj: Context, output: str | None, refresh: bool) -> None:
     config = obj.config()
     if refresh:
         store.refresh(config)
-    emit(views.node_view(config, store.status(config)), output, views.node_table)
+    status = store.status(config)
+    mps_state = None
+    if status.inventory is not None and config.mps.enabled:
+        from gpuhook import mps
+
+        mps_state = mps.node_state(config, status.inventory)
+    emit(views.node_view(config, status, mps_state), output, views.node_table)
 
 
 @inspect_group.command("spec")
@@ -188,8 +200,18 @@ def inspect_spec(
         except OSError as exc:
             raise UsageError(f"cannot read {target}: {exc.strerror}") from None
     spec = ocispec.parse(raw, bundle_dir)
+    config = obj.config()
+
+    def mps_usage() -> dict[str, tuple[int, int]]:
+        from gpuhook import records
+
+        # a dry run over a live container's bundle must not count that container twice
+        return records.mps_usage(config, "", os.path.abspath(bundle_dir))
+
     bundle_abs = os.path.abspath(bundle_dir)
-    outcome = pipeline.run(spec, obj.config(), rootfs=pipeline.rootfs_of(bundle_abs, spec))
+    outcome = pipeline.run(
+        spec, config, mps_usage_source=mps_usage, rootfs=pipeline.rootfs_of(bundle_abs, spec)
+    )
     if diff:
         import difflib
         import json
@@ -201,6 +223,126 @@ def inspect_spec(
         )
         return
     emit(views.outcome_view(outcome, bundle_abs), output, views.decision_table)
+
+
+# --- runtime registration ---------------------------------------------------------------------
+
+
+@main.group("runtime")
+def runtime_group() -> None:
+    """Register gpuhook-runtime with docker or containerd."""
+
+
+def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        (
+            click.option(
+                "--runtime",
+                "engine",
+                type=click.Choice(("docker", "containerd")),
+                required=True,
+                help="The engine whose config to edit.",
+            ),
+            click.option(
+                "--config",
+                "engine_config",
+                metavar="PATH",
+                help="The engine's config (default: /etc/docker/daemon.json, "
+                "/etc/containerd/config.toml).",
+            ),
+            click.option(
+                "--runtime-name", default="gpuhook", show_default=True, help="The runtime's name."
+            ),
+            click.option(
+                "--drop-in",
+                metavar="PATH",
+                help="containerd: keep gpuhook's runtime in this file, imported by --config.",
+            ),
+            click.option("--dry-run", is_flag=True, help="Print the diff; write nothing."),
+        )
+    ):
+        f = option(f)
+    return f
+
+
+@runtime_group.command("configure")
+@_engine_options
+@click.option(
+    "--set-as-default",
+    is_flag=True,
+    help="Make gpuhook the default runtime (it then sees every container).",
+)
+@click.option(
+    "--runtime-path",
+    default="/usr/bin/gpuhook-runtime",
+    show_default=True,
+    help="The gpuhook-runtime executable the engine runs.",
+)
+def runtime_configure(
+    engine: str,
+    engine_config: str | None,
+    runtime_name: str,
+    drop_in: str | None,
+    dry_run: bool,
+    set_as_default: bool,
+    runtime_path: str,
+) -> None:
+    """Register gpuhook-runtime in docker's daemon.json or containerd's config.toml."""
+    from gpuhook import registration_io
+
+    plan = registration_io.plan(
+        engine,
+        registration_io.CONFIGURE,
+        config_path=engine_config,
+        name=runtime_name,
+        runtime_path=runtime_path,
+        set_default=set_as_default,
+        drop_in=drop_in,
+    )
+    if not (os.path.isfile(runtime_path) and os.access(runtime_path, os.X_OK)):
+        click.echo(
+            f"warning: {runtime_path} is not an executable file here; {engine} cannot start "
+            f"containers through runtime {runtime_name} until it is",
+            err=True,
+        )
+    _report_plan(plan, dry_run, "is already registered")
+
+
+@runtime_group.command("unconfigure")
+@_engine_options
+def runtime_unconfigure(
+    engine: str, engine_config: str | None, runtime_name: str, drop_in: str | None, dry_run: bool
+) -> None:
+    """Remove what `runtime configure` added; runc becomes the default again if gpuhook was."""
+    from gpuhook import registration_io
+
+    plan = registration_io.plan(
+        engine,
+        registration_io.UNCONFIGURE,
+        config_path=engine_config,
+        name=runtime_name,
+        drop_in=drop_in,
+    )
+    _report_plan(plan, dry_run, "is not registered")
+
+
+def _report_plan(plan: Any, dry_run: bool, unchanged: str) -> None:
+    from gpuhook import registration_io
+
+    main_path = plan.changes[0].path
+    restart = f"systemctl restart {plan.service}"
+    for note in plan.notes:
+        click.echo(f"{plan.engine}: {note}")
+    if not plan.changed:
+        click.echo(f"{main_path}: gpuhook {unchanged}; nothing changed, nothing written")
+        return
+    if dry_run:
+        click.echo(registration_io.render_diff(plan), nl=False)
+        click.echo(f"dry run: nothing written (applying it needs: {restart})")
+        return
+    for line in registration_io.apply(plan):
+        click.echo(line)
+    click.echo(f"restart {plan.service} to apply: {restart}")
 
 
 # --- the entry ----------------------------------------------------------------------------------
@@ -218,6 +360,196 @@ def hook_update_ldcache(args: tuple[str, ...]) -> None:
     from gpuhook.hooks import main as hook_main
 
     raise click.exceptions.Exit(hook_main(["update-ldcache", *args]))
+
+
+# --- mps ---------------------------------------------------------------------------------------
+
+
+@main.group("mps")
+def mps_group() -> None:
+    """CUDA MPS control daemons of the MPS-shared GPUs (mps.* in the config).
+
+    GPU arguments are GPU indices, GPU UUIDs or share-group names; none means every group.
+    """
+
+
+def _mps_daemons(obj: Context, gpus: tuple[str, ...]) -> list[Any]:
+    from gpuhook import mps
+    from gpuhook.inventory import store
+
+    config = obj.config()
+    return mps.daemons(config, store.load_current(config), gpus)
+
+
+def _mps_each(obj: Context, gpus: tuple[str, ...], action: str) -> None:
+    """Run start or stop on every named group; the first failure is raised after the others ran."""
+    from gpuhook.errors import GpuhookError
+
+    failures: list[GpuhookError] = []
+    for daemon in _mps_daemons(obj, gpus):
+        try:
+            result = daemon.start() if action == "start" else daemon.stop()
+        except GpuhookError as exc:
+            log.get_logger().error(
+                "mps " + action + " failed", group=daemon.group.name, error=str(exc)
+            )
+            failures.append(exc)
+            continue
+        log.get_logger().info("mps " + action, **result)
+        pid = f" (pid {result['pid']})" if result["pid"] else ""
+        click.echo(f"{daemon.label}: {result['state']}{pid}, pipe {daemon.pipe_dir}")
+    if failures:
+        raise failures[0]
+
+
+@mps_group.command("start")
+@click.argument("gpus", nargs=-1, metavar="[GPU|GROUP]...")
+@pass_ctx
+def mps_start(obj: Context, gpus: tuple[str, ...]) -> None:
+    """Start the control daemons (idempotent) and set their defaults from the share."""
+    _mps_each(obj, gpus, "start")
+
+
+@mps_group.command("stop")
+@click.argument("gpus", nargs=-1, metavar="[GPU|GROUP]...")
+@pass_ctx
+def mps_stop(obj: Context, gpus: tuple[str, ...]) -> None:
+    """Stop the control daemons (quit, then signals): afterwards none of them runs."""
+    _mps_each(obj, gpus, "stop")
+
+
+@mps_group.command("status")
+@click.argument("gpus", nargs=-1, metavar="[GPU|GROUP]...")
+@output_option
+@pass_ctx
+def mps_status(obj: Context, gpus: tuple[str, ...], output: str | None) -> None:
+    """Per group: daemon running or down (pid), pipe dir, defaults, servers and their clients."""
+    from gpuhook import views
+
+    config = obj.config()
+    view = {
+        "config": config.source,
+        "root": config.mps.root,
+        "groups": [d.status() for d in _mps_daemons(obj, gpus)],
+    }
+    emit(view, output, views.mps_table)
+
+
+# --- debuggability: inspect container, gc, doctor ------------------------------------------------
+
+
+@inspect_group.command("container")
+@click.argument("container_id", metavar="[ID]", required=False)
+@click.option("--all", "-a", "show_all", is_flag=True, help="Every container with a record.")
+@click.option("--gpu", "gpu_only", is_flag=True, help="With --all: only GPU requests.")
+@output_option
+@pass_ctx
+def inspect_container(
+    obj: Context, container_id: str | None, show_all: bool, gpu_only: bool, output: str | None
+) -> None:
+    """What gpuhook-runtime decided for a container at create time, and why.
+
+    ID is a full container id or a unique prefix of one. The answer comes from the decision
+    record gpuhook-runtime wrote into the container's bundle (linked from
+    <state_dir>/containers/), so it is what the container got.
+    """
+    from gpuhook import containers, views
+
+    if show_all == bool(container_id):
+        raise UsageError("inspect container: give a container id (or a unique prefix), or --all")
+    config = obj.config()
+    if show_all:
+        entries = containers.scan(config.records_dir)
+        records = [
+            e.record
+            for e in entries
+            if e.record is not None and (not gpu_only or e.record["decision"]["gpu_container"])
+        ]
+        deleted = sum(1 for e in entries if e.state == containers.DELETED)
+        emit(records, output, lambda view, color: views.records_table(view, deleted, color))
+        return
+    entry = containers.find(config, container_id or "")
+    log.get_logger().debug("record read", container_id=entry.container_id, path=entry.target)
+    emit(entry.record, output, views.container_table)
+
+
+@main.command("gc")
+@click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Keep records younger than this (their create may still be under way).",
+)
+@output_option
+@pass_ctx
+def gc_command(obj: Context, dry_run: bool, grace: float, output: str | None) -> None:
+    """Remove the record links of containers that no longer exist.
+
+    Each container's decision record lives in its bundle and is linked from
+    <state_dir>/containers/<id>.json. gc removes a link when the bundle is gone (the engine
+    deleted the container), or when the runtime that created the container no longer has it
+    (<runtime> --root <root> state <id> fails and its state folder has no such id). Live
+    containers, recent records and anything gc cannot judge are kept, each with the reason.
+    """
+    from gpuhook import containers, views
+
+    config = obj.config()
+    report = containers.gc(config, dry_run=dry_run, grace_s=grace)
+    log.get_logger().info(
+        "gc",
+        dry_run=dry_run,
+        removed=[i.container_id for i in report.removed],
+        kept=len(report.items) - len(report.removed),
+        live=report.live,
+    )
+    emit(report.to_dict(), output, views.gc_table)
+
+
+@main.command("doctor")
+@output_option
+@click.option(
+    "--docker-config",
+    metavar="PATH",
+    default="/etc/docker/daemon.json",
+    show_default=True,
+    help="docker's daemon.json to check.",
+)
+@click.option(
+    "--containerd-config",
+    metavar="PATH",
+    default="/etc/containerd/config.toml",
+    show_default=True,
+    help="containerd's config.toml to check.",
+)
+@pass_ctx
+def doctor_command(
+    obj: Context, output: str | None, docker_config: str, containerd_config: str
+) -> None:
+    """Check the node: config, inventory, device nodes, driver libraries, the low-level runtime,
+    the hook, docker/containerd registration, MPS, state and log folders, the kubelet
+    checkpoint. One line per check, with the fix for each failure; exit 1 when any fails."""
+    from gpuhook import doctor, views
+    from gpuhook.errors import ChecksFailedError, ConfigError
+
+    try:
+        obj.config()  # logging, when the config is valid (the config check reports it if not)
+    except ConfigError:
+        pass
+    node = doctor.Node(
+        obj.config_file, docker_config=docker_config, containerd_config=containerd_config
+    )
+    results = doctor.run(node)
+    view = doctor.view(results)
+    log.get_logger().info("doctor", ok=view["ok"], **view["summary"])
+    for r in results:
+        log.get_logger().debug("check", **r.to_dict())
+    emit(view, output, views.doctor_table)
+    if not view["ok"]:
+        failed = [c["check"] for c in view["checks"] if c["status"] == doctor.FAIL]
+        raise ChecksFailedError(f"doctor: {len(failed)} failed: {', '.join(failed)}")
 
 
 def run(argv: list[str]) -> int:

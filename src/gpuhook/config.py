@@ -47,6 +47,18 @@ DEFAULTS: dict[str, Any] = {
         "kubernetes": {"env_requests": "verify", "checkpoint": CHECKPOINT_DEFAULT},
         "standalone": {"env_requests": "trust"},
     },
+    "mps": {
+        "root": "/run/gpuhook/mps",
+        "gpus": [],
+        "groups": {},
+        "replicas": None,
+        "active_thread_percentage": None,
+        "pinned_memory_limit": None,
+        "oversubscription": "reject",
+        "exclusive_process": False,
+        "log_dir": False,
+        "shm": "",
+    },
 }
 
 # Where a bare runtime name is looked up besides PATH (an engine may run with a short PATH).
@@ -71,6 +83,95 @@ class PolicyConfig(Frozen):
         )
 
 
+class MpsGroupConfig(Frozen):
+    """One ``mps.groups.<name>`` entry: GPUs served by one control daemon, with share overrides."""
+
+    __slots__ = ("active_thread_percentage", "gpus", "name", "pinned_memory_limit", "replicas")
+    name: str
+    gpus: tuple[str, ...]
+    replicas: int | None
+    active_thread_percentage: int | None
+    pinned_memory_limit: str | None
+
+    def __init__(
+        self,
+        name: str,
+        gpus: tuple[str, ...],
+        replicas: int | None,
+        active_thread_percentage: int | None,
+        pinned_memory_limit: str | None,
+    ) -> None:
+        _init(
+            self,
+            name=name,
+            gpus=tuple(gpus),
+            replicas=replicas,
+            active_thread_percentage=active_thread_percentage,
+            pinned_memory_limit=pinned_memory_limit,
+        )
+
+
+class MpsConfig(Frozen):
+    """``mps.*``: which GPUs are MPS-shared, their share, and how containers reach the daemons.
+
+    GPU ids are kept as written (strings); :mod:`gpuhook.sharing` resolves them against the
+    inventory. ``enabled`` is False when no GPU is shared (the create path then never imports
+    the sharing code).
+    """
+
+    __slots__ = (
+        "active_thread_percentage",
+        "exclusive_process",
+        "gpus",
+        "groups",
+        "log_dir",
+        "oversubscription",
+        "pinned_memory_limit",
+        "replicas",
+        "root",
+        "shm",
+    )
+    root: str
+    gpus: tuple[str, ...]
+    groups: tuple[MpsGroupConfig, ...]
+    replicas: int | None
+    active_thread_percentage: int | None
+    pinned_memory_limit: str | None
+    oversubscription: str
+    exclusive_process: bool
+    log_dir: bool
+    shm: str
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        groups = data.get("groups") or {}
+        _init(
+            self,
+            root=data["root"],
+            gpus=tuple(str(g) for g in data["gpus"]),
+            groups=tuple(
+                MpsGroupConfig(
+                    name,
+                    tuple(str(g) for g in group["gpus"]),
+                    group.get("replicas"),
+                    group.get("active_thread_percentage"),
+                    group.get("pinned_memory_limit"),
+                )
+                for name, group in groups.items()
+            ),
+            replicas=data["replicas"],
+            active_thread_percentage=data["active_thread_percentage"],
+            pinned_memory_limit=data["pinned_memory_limit"],
+            oversubscription=data["oversubscription"],
+            exclusive_process=data["exclusive_process"],
+            log_dir=data["log_dir"],
+            shm=data["shm"],
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.gpus or self.groups)
+
+
 class Config(Frozen):
     """The validated configuration. ``data`` is the normalized nested form (defaults filled in)."""
 
@@ -87,6 +188,7 @@ class Config(Frozen):
         "lib_dir",
         "log_file",
         "log_level",
+        "mps",
         "nvml_library",
         "policy",
         "runtime",
@@ -110,6 +212,7 @@ class Config(Frozen):
     hook_path: str
     ldconfig: str
     policy: PolicyConfig
+    mps: MpsConfig
 
     def __init__(self, source: str, data: dict[str, Any], runtime: str) -> None:
         inv = data["inventory"]
@@ -139,11 +242,24 @@ class Config(Frozen):
                 pol["kubernetes"]["checkpoint"],
                 pol["standalone"]["env_requests"],
             ),
+            mps=MpsConfig(data["mps"]),
         )
 
     @property
     def records_dir(self) -> str:
         return os.path.join(self.state_dir, "containers")
+
+    @property
+    def propagated_env(self) -> tuple[str, ...]:
+        """gpuhook's own variables for the hooks it adds to a container, whose env is otherwise
+        PATH alone: the config file when it is not the default one, and ``GPUHOOK_DEBUG=1`` when
+        the environment (not the file) turned debug on. Never anything from the container."""
+        out: list[str] = []
+        if self.source.startswith("/") and self.source != DEFAULT_PATH:
+            out.append(f"{ENV_CONFIG}={self.source}")
+        if self.log_level == "debug" and self.data["log"]["level"] != "debug":
+            out.append(f"{ENV_DEBUG}=1")
+        return tuple(out)
 
     def require_runtime(self) -> str:
         if not self.runtime:
@@ -208,6 +324,8 @@ def _read_cache(cache_dir: str, identity: list[Any]) -> dict[str, Any] | None:
 
     try:
         with open(os.path.join(cache_dir, "compiled.json"), "rb") as fh:
+            if not _trusted_file(os.fstat(fh.fileno())):
+                return None
             cached = _fastjson.loads(fh.read())
     except (OSError, ValueError):
         return None
@@ -215,7 +333,15 @@ def _read_cache(cache_dir: str, identity: list[Any]) -> dict[str, Any] | None:
         return None
     if not isinstance(cached.get("config"), dict) or not isinstance(cached.get("runtime"), str):
         return None
+    if any(key not in cached["config"] for key in DEFAULTS):
+        return None  # compiled by a build that knew fewer sections (same version string)
     return cached
+
+
+def _trusted_file(st: os.stat_result) -> bool:
+    """A cache file this process may act on: written by root or by this user, and writable by
+    no one else. The cache names the runtime that gpuhook-runtime execs, as root."""
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
 
 
 def _write_cache(cache_dir: str, identity: list[Any], config: Config) -> None:
@@ -257,18 +383,22 @@ def parse_yaml(path: str, raw: bytes) -> Any:
     enable_site_packages()
     import yaml
 
-    class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-        """SafeLoader that refuses duplicate keys instead of silently keeping the last."""
+    # The pure-Python SafeLoader, not libyaml's CSafeLoader: the C composer recurses on the C
+    # stack and segfaults on deeply nested input, where Python raises RecursionError. A config
+    # is parsed once per change (the compiled form is cached), so the speed does not matter.
+    class _StrictLoader(yaml.SafeLoader):
+        """SafeLoader that refuses duplicate and non-string keys."""
 
     def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
+        seen: set[str] = set()
         for key_node, _ in node.value:
             key = loader.construct_object(key_node, deep=deep)
+            mark = key_node.start_mark
+            where = f"line {mark.line + 1}, column {mark.column + 1}"
+            if not isinstance(key, str):
+                raise ConfigError(path, f"{where}: a key must be a string, not {_yaml_type(key)}")
             if key in seen:
-                mark = key_node.start_mark
-                raise ConfigError(
-                    path, f"line {mark.line + 1}, column {mark.column + 1}: duplicate key {key!r}"
-                )
+                raise ConfigError(path, f"{where}: duplicate key {key!r}")
             seen.add(key)
         return loader.construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
@@ -289,6 +419,8 @@ def parse_yaml(path: str, raw: bytes) -> Any:
         raise ConfigError(path, f"YAML error: {exc}") from None
     except RecursionError:
         raise ConfigError(path, "YAML nested too deeply") from None
+    except (ValueError, TypeError, OverflowError) as exc:  # a constructor refused a value
+        raise ConfigError(path, f"invalid YAML value: {exc}") from None
 
 
 def schema() -> dict[str, Any]:
@@ -345,6 +477,48 @@ def _check_semantics(path: str, data: dict[str, Any]) -> None:
     log_file = data["log"]["file"]
     if log_file and not log_file.startswith("/"):
         raise ConfigError(path, "must be an absolute path or empty", "log.file")
+    _check_mps(path, data["mps"])
+
+
+def _check_mps(path: str, mps: dict[str, Any]) -> None:
+    """GPU ids, sizes and the shm path of ``mps.*`` (the inventory-dependent checks, such as a
+    shared GPU in MIG mode, happen where the inventory is read: ``gpuhook mps`` and create)."""
+    from gpuhook import sharing
+
+    if mps["shm"] and not mps["shm"].startswith("/"):
+        raise ConfigError(path, "must be an absolute path or empty", "mps.shm")
+    for name in mps["groups"]:
+        if name.startswith("gpu") and name[3:].isdigit():
+            raise ConfigError(
+                path,
+                "gpu<index> is the name of a per-GPU group; choose another",
+                f"mps.groups.{name}",
+            )
+    where: dict[str, str] = {}
+    lists = [("mps.gpus", mps["gpus"])]
+    lists += [(f"mps.groups.{name}.gpus", g["gpus"]) for name, g in mps["groups"].items()]
+    for key, ids in lists:
+        for i, gpu_id in enumerate(ids):
+            problem = sharing.check_gpu_id(str(gpu_id))
+            if problem:
+                raise ConfigError(path, problem, f"{key}[{i}]")
+            if key != "mps.gpus" and str(gpu_id) in where:
+                raise ConfigError(
+                    path, f"GPU {gpu_id} is already in {where[str(gpu_id)]}", f"{key}[{i}]"
+                )
+            if key != "mps.gpus":
+                where[str(gpu_id)] = key
+    sizes = [("mps.pinned_memory_limit", mps["pinned_memory_limit"])]
+    sizes += [
+        (f"mps.groups.{name}.pinned_memory_limit", g.get("pinned_memory_limit"))
+        for name, g in mps["groups"].items()
+    ]
+    for key, size in sizes:
+        if size is not None:
+            try:
+                sharing.parse_size(size)
+            except ValueError as exc:
+                raise ConfigError(path, str(exc), key) from None
 
 
 def key_path_of(parts: Any) -> str:

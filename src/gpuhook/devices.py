@@ -45,7 +45,7 @@ def resolve_one(device_id: str, inventory: Inventory) -> tuple[DeviceRef, ...]:
     name = name.partition("::")[0]  # kubelet replica suffix of shared GPUs
     if name.lower() == "all":
         return tuple(gpu_ref(g.index, g.uuid) for g in inventory.gpus)
-    if name.isdigit():
+    if _is_index(name):
         index = int(name)
         for gpu in inventory.gpus:
             if gpu.index == index:
@@ -72,7 +72,7 @@ def resolve_one(device_id: str, inventory: Inventory) -> tuple[DeviceRef, ...]:
                 return (DeviceRef(KIND_MIG, found.uuid, gpu.index, found.index),)
         raise UnknownDevice(f"unknown MIG UUID {name}")
     gpu_part, colon, mig_part = name.partition(":")
-    if colon and gpu_part.isdigit() and mig_part.isdigit():
+    if colon and _is_index(gpu_part) and _is_index(mig_part):
         for gpu in inventory.gpus:
             if gpu.index == int(gpu_part):
                 if not gpu.mig_enabled:
@@ -100,6 +100,12 @@ def resolve(ids: tuple[str, ...], inventory: Inventory) -> tuple[tuple[DeviceRef
         except UnknownDevice as exc:
             errors.append(str(exc))
     return tuple(sorted(found.values(), key=lambda r: r.sort_key())), errors
+
+
+def _is_index(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also accepts ``'²'`` and other scripts' digits), and
+    short enough for ``int()`` (which refuses more than 4300 digits)."""
+    return 0 < len(text) <= 9 and text.isascii() and text.isdigit()
 
 
 def _describe(inventory: Inventory) -> str:

@@ -5,8 +5,10 @@ its parent GPU's node and its nvidia-caps nodes), each with a cgroup allow rule;
 libraries of its capabilities, bind-mounted read-only under their real names and their sonames
 into ``inject.lib_dir`` (a tmpfs, so nothing is written into the image's layer); the driver
 binaries of its capabilities; the firmware and IPC sockets; a createContainer hook that refreshes
-the container's ld.so.cache; and ``NVIDIA_VISIBLE_DEVICES`` set to what was granted. A refused
-request gets ``NVIDIA_VISIBLE_DEVICES=void`` so that no other NVIDIA component acts on it.
+the container's ld.so.cache; ``NVIDIA_VISIBLE_DEVICES`` set to what was granted; and, for
+MPS-shared GPUs, the edits of the :class:`gpuhook.sharing.MpsPlan` (pipe directory mount, MPS
+env, shm mount). A refused request gets ``NVIDIA_VISIBLE_DEVICES=void`` so that no other NVIDIA
+component acts on it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuhook.config import Config
     from gpuhook.model import Decision, Inventory
+    from gpuhook.sharing import MpsPlan
 
 RO_BIND = ("ro", "nosuid", "nodev", "bind")
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
@@ -48,10 +51,12 @@ def edits_for(
     inventory: Inventory | None,
     config: Config,
     docker_hook: bool = False,
+    mps: MpsPlan | None = None,
     rootfs: str = "",
 ) -> ContainerEdits:
-    """The edits for a decision. ``inventory`` may be None when nothing is injected.
-    ``rootfs``: the container's absolute rootfs, given to the ld.so.cache hook when known."""
+    """The edits for a decision. ``inventory`` may be None when nothing is injected. ``mps``:
+    the MPS plan of a container granted MPS-shared GPUs (pipe directory, env, shm). ``rootfs``:
+    the container's absolute rootfs, given to the ld.so.cache hook when known."""
     visible = visible_value(decision)
     env = [f"{ENV_VISIBLE}={visible}"] if visible is not None else []
     remove = (DOCKER_HOOK,) if docker_hook else ()
@@ -126,19 +131,33 @@ def edits_for(
             "--ldconfig",
             config.ldconfig,
         ]
-        if rootfs:
+        if rootfs and config.log_level != "debug":
+            # The installed `gpuhook` dispatcher runs this form without Python; at debug level
+            # the hook runs in Python, which logs every refresh.
             args += ["--rootfs", rootfs]
         for folder in folders:
             args += ["--folder", folder]
         hooks.append(
-            Hook("createContainer", config.hook_path, tuple(args), HOOK_ENV, HOOK_TIMEOUT_S)
+            Hook(
+                "createContainer",
+                config.hook_path,
+                tuple(args),
+                HOOK_ENV + config.propagated_env,
+                HOOK_TIMEOUT_S,
+            )
         )
+    replace: tuple[str, ...] = ()
+    if mps is not None:
+        env.extend(mps.env())
+        mounts.extend(mps.mounts())
+        replace = mps.replace_mounts()
     return ContainerEdits(
         env=tuple(env),
         device_nodes=tuple(nodes),
         mounts=tuple(mounts),
         hooks=tuple(hooks),
         remove_hooks=remove,
+        replace_mounts=replace,
     )
 
 

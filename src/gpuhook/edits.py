@@ -4,7 +4,8 @@ The one interpreter of edits, in the spirit of CDI: applying the same edits twic
 same spec as applying them once, unknown spec keys are kept, and the user's own entries are never
 removed. Env entries replace the same variable (the container must see gpuhook's value, not the
 image's); a device node, mount or hook that already exists at the same path/destination is left
-as it is.
+as it is, except a mount at a destination listed in ``replace_mounts`` (and mounted by the
+edits), which gives way to gpuhook's.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def validate(edits: ContainerEdits) -> None:
         _check_path("mount", mount.container_path)
         if mount.type == "bind" and not mount.host_path.startswith("/"):
             raise SpecError(f"mount {mount.container_path}: host path must be absolute")
+    for destination in edits.replace_mounts:
+        _check_path("replaced mount", destination)
     for hook in edits.hooks:
         if not hook.path.startswith("/"):
             raise SpecError(f"hook {hook.path!r}: path must be absolute")
@@ -94,7 +97,7 @@ def apply(spec: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
         linux = _obj(out, "linux")
         devices = _list(linux, "devices")
         rules = _list(_obj(linux, "resources"), "devices")
-        existing = {d.get("path") for d in devices if isinstance(d, dict)}
+        existing = {d["path"] for d in devices if isinstance(d, dict) and _is_str(d.get("path"))}
         for node in edits.device_nodes:
             if node.path in existing:
                 continue
@@ -121,7 +124,22 @@ def apply(spec: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
                 rules.append(rule)
     if edits.mounts:
         mounts = _list(out, "mounts")
-        taken = {m.get("destination") for m in mounts if isinstance(m, dict)}
+        if edits.replace_mounts:
+            ours = {m.container_path for m in edits.mounts}
+            mounts[:] = [
+                m
+                for m in mounts
+                if not (
+                    isinstance(m, dict)
+                    and m.get("destination") in edits.replace_mounts
+                    and m.get("destination") in ours
+                )
+            ]
+        taken = {
+            m["destination"]
+            for m in mounts
+            if isinstance(m, dict) and _is_str(m.get("destination"))
+        }
         for mount in edits.mounts:
             if mount.container_path in taken:
                 continue
@@ -154,6 +172,10 @@ def apply(spec: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
                 )
             ]
     return out
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
 
 
 def _set_env(env: list[Any], entry: str) -> None:

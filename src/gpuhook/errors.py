@@ -76,6 +76,18 @@ class RegistrationError(GpuhookError):
     """A docker or containerd config could not be read or changed."""
 
 
+class RecordNotFoundError(GpuhookError):
+    """No decision record for a container (never created through gpuhook-runtime, or deleted)."""
+
+
+class AmbiguousIdError(UsageError):
+    """A container id prefix that matches more than one decision record."""
+
+
+class ChecksFailedError(GpuhookError):
+    """``gpuhook doctor`` found at least one failing check (each already printed with its fix)."""
+
+
 def describe(exc: BaseException) -> tuple[int, str]:
     """Map any exception to ``(exit code, one-line message)``; the only such map in gpuhook."""
     if isinstance(exc, GpuhookError):

@@ -28,6 +28,10 @@ import time
 
 from gpuhook import runtime_args
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gpuhook.config import Config
+
 # No ``from __future__ import annotations`` (its import costs ~0.15 ms): annotations here are
 # evaluable at runtime.
 
@@ -41,12 +45,13 @@ TMP_MARK = ".gpuhook-tmp-"
 
 CACHE_NAME = "fastpath"
 CACHE_MAGIC = b"gpuhook-fastpath 1"
-NOTE = "no GPU marker in config.json"
+NOTE = "no GPU marker in config.json (the spec was not parsed)"
 
 # Placeholders in the cached record template (JSON-safe ASCII, never produced otherwise).
 MARK_ID = "@@gpuhook:container-id@@"
 MARK_BUNDLE = "@@gpuhook:bundle@@"
 MARK_TIME = "@@gpuhook:timestamp@@"
+MARK_ROOT = "@@gpuhook:runtime-root@@"
 
 # Byte strings whose absence from config.json proves that no channel can carry a request
 # (gpuhook.request re-exports them; a unit test checks them against its channels). JSON may
@@ -93,7 +98,8 @@ def _create(argv: list[str]) -> None:
     if not _safe_id(cid):
         return
     bundle = _abspath(args.bundle or ".")
-    if not _json_safe(bundle):
+    root = args.root
+    if not _json_safe(bundle) or not _json_safe(root):
         return
     raw = _read(bundle + "/config.json", _MAX_SPEC)
     if raw is None or may_request_gpu(raw):
@@ -109,10 +115,11 @@ def _create(argv: list[str]) -> None:
         template.replace(b'"' + MARK_TIME.encode() + b'"', repr(time.time()).encode())
         .replace(MARK_ID.encode(), cid.encode())
         .replace(MARK_BUNDLE.encode(), bundle.encode())
+        .replace(MARK_ROOT.encode(), root.encode())
     )
     path = bundle + "/" + record_name
-    if _write(path, record) and not _link(path, records_dir + "/" + cid + ".json"):
-        return  # the records folder is missing: the full path creates it
+    if not _write(path, record) or not _link(path, records_dir + "/" + cid + ".json"):
+        return  # the full path writes it again, creating the records folder or logging why not
     posix.execv(runtime, [runtime, *argv[1:]])
 
 
@@ -186,19 +193,20 @@ def identity_before_load() -> bytes:
         return b""
 
 
-def remember(identity: bytes, runtime: str, records_dir: str, debug: bool) -> None:
-    """Write the cache for the config loaded under ``identity`` (the full path calls this after a
+def remember(identity: bytes, config: "Config") -> None:
+    """Write the cache for ``config``, loaded under ``identity`` (the full path calls this after a
     create without GPU markers). Best effort: a node where it cannot be written only loses speed.
     """
     try:
-        _remember(identity, runtime, records_dir, debug)
+        _remember(identity, config)
     except Exception:  # noqa: S110 - best effort, never on a container's way
         pass
 
 
-def _remember(identity: bytes, runtime: str, records_dir: str, debug: bool) -> None:
+def _remember(identity: bytes, loaded: "Config") -> None:
     config = config_file()
-    if not identity or not config or debug or not runtime:
+    runtime, records_dir = loaded.runtime, loaded.records_dir
+    if not identity or not config or loaded.log_level == "debug" or not runtime:
         return
     if "\n" in runtime + records_dir or not runtime.startswith("/"):
         return
@@ -206,12 +214,14 @@ def _remember(identity: bytes, runtime: str, records_dir: str, debug: bool) -> N
         return
     from gpuhook import _fastjson, records
 
-    record = records.build(MARK_ID, MARK_BUNDLE, None, NOTE)
+    record = records.build(
+        MARK_ID, MARK_BUNDLE, None, NOTE, runtime=runtime, root=MARK_ROOT, config=loaded.source
+    )
     if not isinstance(record.get("timestamp"), float):
         return  # a record shape this template cannot express: no fast path
     record["timestamp"] = MARK_TIME
     template = _fastjson.dumps(record).encode()
-    if b"\n" in template or MARK_ID.encode() not in template:
+    if b"\n" in template or any(m.encode() not in template for m in (MARK_ID, MARK_ROOT)):
         return
     body = b"\n".join(
         [

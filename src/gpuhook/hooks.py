@@ -9,9 +9,17 @@ rootfs before it reads or writes anything, so the image's symlinks (``/etc``, ``
 the cache itself) resolve inside the container and can never reach a host path. ``-X`` leaves
 the image's own library symlinks alone; the injected sonames are bind mounts already.
 
+What ldconfig reads is the image's (``/etc/ld.so.conf`` and what it includes), so it runs
+bounded: at most ``LDCONFIG_DATA_LIMIT`` of heap (an ``ld.so.conf`` that is a link to
+``/dev/zero`` is one endless line), ``LDCONFIG_CPU_S`` of CPU, and ``--timeout`` seconds of wall
+time (a FIFO blocks its reader forever), well inside the hook's own timeout in the spec. Past a
+bound it is killed and the container starts with the image's own cache, with a warning.
+
 gpuhook-runtime writes the hook with ``--rootfs`` (resolved at create time), a form the installed
-``gpuhook`` POSIX sh dispatcher runs itself, with the same environment, bounds and messages, so a
-GPU container's start pays for no Python here; this implementation serves every other form.
+``gpuhook`` POSIX sh dispatcher runs itself, with the same environment, bounds and messages, so
+a GPU container's start pays for no Python here; this implementation serves every other form
+(and logs for the dispatcher what its ldconfig did when that failed: ``--outcome CODE|timeout``
+reports an ldconfig run that already happened, and runs nothing).
 """
 
 from __future__ import annotations
@@ -25,26 +33,35 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from gpuhook.log import Logger
+
 SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
+LDCONFIG_TIMEOUT_S = 15.0  # wall time; the hook's own timeout in the spec is 30 s
+LDCONFIG_CPU_S = 10
+LDCONFIG_DATA_LIMIT = 256 << 20  # RLIMIT_DATA: heap; read-only maps of big libraries do not count
 
 
-def update_ldcache(argv: list[str], stdin: bytes) -> list[str]:
-    """The ldconfig command line for the container whose OCI state is ``stdin``."""
+def update_ldcache(argv: list[str], stdin: bytes) -> tuple[list[str], float]:
+    """The ldconfig command line for the container whose OCI state is ``stdin``, and its
+    wall-time limit in seconds."""
     from gpuhook import ocispec
 
     folders: list[str] = []
     ldconfig = "/sbin/ldconfig"
     rootfs = ""
+    timeout = LDCONFIG_TIMEOUT_S
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--folder", "--ldconfig", "--rootfs") and i + 1 < len(argv):
+        if arg in ("--folder", "--ldconfig", "--rootfs", "--timeout") and i + 1 < len(argv):
             if arg == "--folder":
                 folders.append(argv[i + 1])
             elif arg == "--rootfs":
                 rootfs = argv[i + 1]
-            else:
+            elif arg == "--ldconfig":
                 ldconfig = argv[i + 1]
+            else:
+                timeout = _seconds(argv[i + 1])
             i += 2
             continue
         raise UsageError(f"hook update-ldcache: unexpected argument {arg!r}")
@@ -68,36 +85,148 @@ def update_ldcache(argv: list[str], stdin: bytes) -> list[str]:
             f"hook update-ldcache: ldconfig {ldconfig} is not executable "
             "(hook.ldconfig in the gpuhook config)"
         )
-    return [ldconfig, "-X", "-r", rootfs, *folders]
+    return [ldconfig, "-X", "-r", rootfs, *folders], timeout
 
 
-VERBS: dict[str, Callable[[list[str], bytes], list[str]]] = {"update-ldcache": update_ldcache}
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise UsageError(
+            f"hook update-ldcache: invalid --timeout {text!r} (seconds, 0 < t <= 3600)"
+        )
+    return value
+
+
+VERBS: dict[str, Callable[[list[str], bytes], tuple[list[str], float]]] = {
+    "update-ldcache": update_ldcache
+}
+
+
+def run_bounded(command: list[str], timeout: float) -> int | None:
+    """Run ``command`` with the explicit SAFE_ENV, cwd ``/``, and the resource limits above.
+
+    Returns its exit code (negative: killed by that signal), or None when it outlived ``timeout``
+    and was killed.
+    """
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - replaced by exec
+        try:
+            import resource
+
+            os.chdir("/")
+            resource.setrlimit(resource.RLIMIT_DATA, (LDCONFIG_DATA_LIMIT, LDCONFIG_DATA_LIMIT))
+            resource.setrlimit(resource.RLIMIT_CPU, (LDCONFIG_CPU_S, LDCONFIG_CPU_S))
+            os.execve(command[0], command, SAFE_ENV)
+        finally:
+            os._exit(127)
+    if not _wait_until(pid, timeout):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        return None
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _wait_until(pid: int, timeout: float) -> bool:
+    """Whether child ``pid`` exited within ``timeout`` seconds (it is not reaped)."""
+    import select
+
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # kernel before 5.3: poll
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+            time.sleep(0.01)
+        return False
+    try:
+        ready, _, _ = select.select([pidfd], [], [], timeout)
+        return bool(ready)
+    finally:
+        os.close(pidfd)
 
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in VERBS:
         sys.stderr.write(f"gpuhook hook: unknown verb; known: {', '.join(VERBS)}\n")
         return 2
+    import time
+
+    stdin = b""
+    logger: Logger | None = None
     try:
-        command = VERBS[argv[0]](argv[1:], sys.stdin.buffer.read())
+        stdin = sys.stdin.buffer.read()
+        logger = _logger(argv[0], stdin)
+        args, outcome = _outcome(argv[1:])
+        command, timeout = VERBS[argv[0]](args, stdin)
+        started = time.monotonic()
         os.chdir("/")
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - replaced by exec
-            try:
-                os.execve(command[0], command, SAFE_ENV)
-            finally:
-                os._exit(127)
-        _, status = os.waitpid(pid, 0)
-        code = os.waitstatus_to_exitcode(status)
+        code = run_bounded(command, timeout) if outcome == "" else _reported(outcome)
+        elapsed_ms = round((time.monotonic() - started) * 1000, 1)
         if code != 0:
             # The image may lack /etc or ship no ld.so.conf (a scratch image has no dynamic
-            # loader to use a cache anyway): warn, do not fail the container.
+            # loader to use a cache anyway), or feed ldconfig something endless: warn, do not
+            # fail the container.
+            what = f"exited with {code}" if code is not None else f"ran past {timeout:g}s"
             sys.stderr.write(
-                f"gpuhook hook update-ldcache: {command[0]} exited with {code}; "
+                f"gpuhook hook update-ldcache: {command[0]} {what}; "
                 "the container's ld.so.cache was not refreshed\n"
             )
+            if logger is not None:
+                logger.warning("ldcache not refreshed", command=command, exit_code=code)
+        elif logger is not None:
+            logger.debug("ldcache refreshed", command=command, elapsed_ms=elapsed_ms)
         return 0
     except Exception as exc:
         code, message = describe(exc)
         sys.stderr.write(f"gpuhook hook {argv[0]}: {message}\n")
+        if logger is not None:
+            logger.error("hook failed", error=message)
         return code
+
+
+def _outcome(argv: list[str]) -> tuple[list[str], str]:
+    """``argv`` without a trailing ``--outcome VALUE``, and VALUE ("" when absent)."""
+    if len(argv) >= 2 and argv[-2] == "--outcome":
+        return argv[:-2], argv[-1]
+    return argv, ""
+
+
+def _reported(outcome: str) -> int | None:
+    """The exit code the sh dispatcher's ldconfig run ended with (None: it ran past its time)."""
+    if outcome == "timeout":
+        return None
+    try:
+        return int(outcome)
+    except ValueError:
+        raise UsageError(f"hook update-ldcache: invalid --outcome {outcome!r}") from None
+
+
+def _logger(verb: str, stdin: bytes) -> Logger | None:
+    """The hook's logger, configured from gpuhook's config (GPUHOOK_CONFIG and GPUHOOK_DEBUG
+    reach the hook through the env gpuhook-runtime gave it); None when there is no usable
+    config. Bound to the container id of the OCI state."""
+    from gpuhook import config as config_mod
+    from gpuhook import log
+
+    try:
+        config = config_mod.load()
+    except Exception:
+        return None
+    log.configure(config.log_level, config.log_file)
+    from gpuhook import ocispec
+
+    try:
+        container_id = str(ocispec.parse_state(stdin).get("id", ""))
+    except SpecError:
+        container_id = ""  # the verb reports the malformed state itself
+    return log.get_logger(container_id=container_id, hook=verb)

@@ -46,7 +46,9 @@ def configure(level: str, file: str, *, prefer_structlog: bool = False) -> None:
     """Set the level and destination for this process.
 
     ``prefer_structlog`` (the CLI) imports and configures structlog; otherwise structlog is used
-    only when something already imported it.
+    only when something already imported it. structlog's processor chain is set up once per
+    process; later calls change only the level and the file (so a capture set up around them,
+    such as ``structlog.testing.capture_logs``, keeps capturing).
     """
     _state["file"] = file
     _state["level"] = LEVELS.get(level, 20)
@@ -58,17 +60,23 @@ def configure(level: str, file: str, *, prefer_structlog: bool = False) -> None:
 
     if file:
         _ensure_dir(file)
+    wrapper = structlog.make_filtering_bound_logger(_state["level"])
+    if _state.get("structlog_ready"):
+        structlog.configure(wrapper_class=wrapper)
+        return
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             _reorder,
-            structlog.processors.JSONRenderer(sort_keys=False),
+            # Compact separators: the same bytes as the shim's writer (gpuhook._fastjson).
+            structlog.processors.JSONRenderer(separators=(",", ":"), sort_keys=False),
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(_state["level"]),
-        logger_factory=_SafeFileLoggerFactory(file),
+        wrapper_class=wrapper,
+        logger_factory=_SafeFileLoggerFactory(),
         cache_logger_on_first_use=False,
     )
+    _state["structlog_ready"] = True
 
 
 def _reorder(_logger: Any, _name: str, event_dict: Any) -> Any:
@@ -80,21 +88,16 @@ def _reorder(_logger: Any, _name: str, event_dict: Any) -> Any:
 
 
 class _SafeFileLoggerFactory:
-    """structlog logger factory appending to a file; a file that cannot be opened drops events."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
+    """structlog logger factory appending to the configured file (read at each event, so
+    :func:`configure` can change it); a file that cannot be opened drops events."""
 
     def __call__(self, *_args: Any) -> _AppendLogger:
-        return _AppendLogger(self.path)
+        return _AppendLogger()
 
 
 class _AppendLogger:
-    def __init__(self, path: str) -> None:
-        self.path = path
-
     def msg(self, message: str) -> None:
-        _append(self.path, message)
+        _append(_state["file"], message)
 
     log = debug = info = warning = warn = error = critical = exception = failure = fatal = msg
 

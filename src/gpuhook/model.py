@@ -849,16 +849,19 @@ class Hook(Frozen):
 class ContainerEdits(Frozen):
     """The edits to make to a spec, in the shape of CDI's ``containerEdits``.
 
-    ``remove_hooks`` is gpuhook's one addition: basenames of prestart hook executables to drop
-    (docker's ``nvidia-container-runtime-hook`` for ``--gpus``, whose work gpuhook has done).
+    gpuhook's two additions: ``remove_hooks``, basenames of prestart hook executables to drop
+    (docker's ``nvidia-container-runtime-hook`` for ``--gpus``, whose work gpuhook has done), and
+    ``replace_mounts``, destinations whose existing spec mounts give way to gpuhook's mount there
+    (the container's own ``/dev/shm`` when the MPS shm is mounted instead).
     """
 
-    __slots__ = ("device_nodes", "env", "hooks", "mounts", "remove_hooks")
+    __slots__ = ("device_nodes", "env", "hooks", "mounts", "remove_hooks", "replace_mounts")
     env: tuple[str, ...]
     device_nodes: tuple[DeviceNode, ...]
     mounts: tuple[Mount, ...]
     hooks: tuple[Hook, ...]
     remove_hooks: tuple[str, ...]
+    replace_mounts: tuple[str, ...]
 
     def __init__(
         self,
@@ -867,6 +870,7 @@ class ContainerEdits(Frozen):
         mounts: tuple[Mount, ...] = (),
         hooks: tuple[Hook, ...] = (),
         remove_hooks: tuple[str, ...] = (),
+        replace_mounts: tuple[str, ...] = (),
     ) -> None:
         _init(
             self,
@@ -875,13 +879,22 @@ class ContainerEdits(Frozen):
             mounts=tuple(mounts),
             hooks=tuple(hooks),
             remove_hooks=tuple(remove_hooks),
+            replace_mounts=tuple(replace_mounts),
         )
 
     def is_empty(self) -> bool:
-        return not (self.env or self.device_nodes or self.mounts or self.hooks or self.remove_hooks)
+        return not (
+            self.env
+            or self.device_nodes
+            or self.mounts
+            or self.hooks
+            or self.remove_hooks
+            or self.replace_mounts
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        """The CDI ``containerEdits`` JSON form (plus ``removeHooks`` when non-empty)."""
+        """The CDI ``containerEdits`` JSON form (plus ``removeHooks``/``replaceMounts`` when
+        non-empty)."""
         out: dict[str, Any] = {
             "env": list(self.env),
             "deviceNodes": [
@@ -901,4 +914,6 @@ class ContainerEdits(Frozen):
         }
         if self.remove_hooks:
             out["removeHooks"] = list(self.remove_hooks)
+        if self.replace_mounts:
+            out["replaceMounts"] = list(self.replace_mounts)
         return out

@@ -13,17 +13,19 @@ import os
 import time
 
 from gpuhook import __version__, _fastjson
-from gpuhook.fsutil import atomic_write
+from gpuhook.fsutil import atomic_write, remove_stale_temps, temp_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
     from gpuhook.config import Config
+    from gpuhook.model import Request
     from gpuhook.pipeline import Outcome
 
 RECORD_NAME = "gpuhook-decision.json"
 RECORD_VERSION = 1
+NO_REQUEST = "no GPU request in the spec"
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-.")
 
 
@@ -38,33 +40,57 @@ def valid_id(container_id: str) -> bool:
 
 
 def build(
-    container_id: str, bundle: str, outcome: Outcome | None, note: str = ""
+    container_id: str,
+    bundle: str,
+    outcome: Outcome | None,
+    note: str = "",
+    *,
+    request: Request | None = None,
+    runtime: str = "",
+    root: str = "",
+    config: str = "",
 ) -> dict[str, Any]:
-    """The record. ``outcome`` None: the spec carried no GPU request (the byte pre-check)."""
+    """The record (its JSON Schema: ``schemas/record.schema.json``).
+
+    ``outcome`` None: nothing was decided because the spec carries no GPU request; ``request``
+    is the parsed request when the spec was parsed, None when the byte pre-check alone proved
+    that there is none (then ``note`` says so). ``runtime`` and ``root`` are the low-level
+    runtime and its ``--root`` (its state folder, "" for its default), which ``gpuhook gc``
+    asks whether the container still exists; ``config`` the gpuhook config file that decided.
+    """
     record: dict[str, Any] = {
         "record_version": RECORD_VERSION,
         "container_id": container_id,
         "bundle": bundle,
         "gpuhook_version": __version__,
         "timestamp": time.time(),
+        "config": config,
+        "runtime": {"path": runtime, "root": root},
     }
     if outcome is None:
-        record["kubernetes"] = None
-        record["request"] = {"channels": []}
+        kube = request.kubernetes if request is not None else None
+        record["kubernetes"] = kube.to_dict() if kube is not None else None
+        record["request"] = request.to_dict() if request is not None else None
+        record["allocation"] = None
+        record["allocation_error"] = ""
         record["decision"] = {
             "gpu_container": False,
             "devices": [],
+            "driver_only": False,
+            "capabilities": [],
+            "channel": None,
             "refused": False,
             "reasons": [
                 {
                     "channel": "-",
                     "value": "",
                     "verdict": "ignored",
-                    "why": note or "no GPU request in the spec",
+                    "why": note or NO_REQUEST,
                 }
             ],
         }
-        record["edits"] = None
+        record["edits"] = {"env": [], "deviceNodes": [], "mounts": [], "hooks": []}
+        record["mps"] = None  # MPS limits: none without a GPU
         record["spec_changed"] = False
         return record
     req = outcome.request
@@ -75,6 +101,8 @@ def build(
     record["decision"] = outcome.decision.to_dict()
     record["edits"] = outcome.edits.to_dict()
     record["spec_changed"] = outcome.changed
+    # MPS limits of a shared GPU (CUDA_MPS_* and the pipe directory), with their sources
+    record["mps"] = outcome.mps.to_dict() if outcome.mps is not None else None
     return record
 
 
@@ -83,6 +111,7 @@ def write(config: Config, container_id: str, bundle: str, record: dict[str, Any]
     if not valid_id(container_id):
         return f"container id {container_id!r} is not a valid runc id; no record written"
     path = os.path.join(bundle, RECORD_NAME)
+    remove_stale_temps(path)  # left by a create that was killed while writing its record
     try:
         atomic_write(path, _fastjson.dumps(record).encode(), 0o644, fsync=False)
     except (OSError, ValueError) as exc:
@@ -97,11 +126,63 @@ def write(config: Config, container_id: str, bundle: str, record: dict[str, Any]
     except FileExistsError:
         try:
             if os.readlink(link) != path:
-                tmp = f"{link}.{os.getpid()}.tmp"
+                remove_stale_temps(link)
+                tmp = temp_name(link)
                 os.symlink(path, tmp)
-                os.replace(tmp, link)
+                try:
+                    os.replace(tmp, link)
+                except OSError:
+                    os.unlink(tmp)
+                    raise
         except OSError as exc:
             return f"cannot link decision record {link}: {exc.strerror}"
     except OSError as exc:
         return f"cannot link decision record {link}: {exc.strerror}"
     return ""
+
+
+def mps_usage(
+    config: Config, exclude_id: str, exclude_bundle: str = ""
+) -> dict[str, tuple[int, int]]:
+    """The MPS pinned memory limits of the live containers: GPU uuid -> (bytes, containers).
+
+    A container is live while its record link resolves: the engine removes the bundle (and the
+    record in it) when it deletes the container, which leaves the link dangling. Only limits
+    marked ``counted`` add up (a container with no limit on a GPU promised nothing). The
+    container being created (``exclude_id``, or the record in ``exclude_bundle`` for a dry run)
+    is left out, so it is not counted twice.
+    """
+    usage: dict[str, tuple[int, int]] = {}
+    folder = config.records_dir
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return usage
+    skip = exclude_id + ".json"
+    for name in names:
+        if not name.endswith(".json") or name == skip:
+            continue
+        link = os.path.join(folder, name)
+        if exclude_bundle:
+            try:
+                if os.path.dirname(os.readlink(link)) == exclude_bundle:
+                    continue
+            except OSError:
+                pass
+        try:
+            with open(link, "rb") as fh:
+                record = _fastjson.loads(fh.read())
+        except (OSError, ValueError):
+            continue  # dangling link (the container is gone) or unreadable
+        mps = record.get("mps") if isinstance(record, dict) else None
+        entries = mps.get("pinned_memory_limits") if isinstance(mps, dict) else None
+        if not isinstance(entries, list):
+            continue
+        for entry in entries:
+            if not isinstance(entry, dict) or entry.get("counted") is not True:
+                continue
+            uuid, size = entry.get("uuid"), entry.get("bytes")
+            if isinstance(uuid, str) and isinstance(size, int) and size > 0:
+                used, count = usage.get(uuid, (0, 0))
+                usage[uuid] = (used + size, count + 1)
+    return usage

@@ -53,6 +53,7 @@ def paint(text: str, status: str, color: bool) -> str:
         "stale": "33",
         "ignored": "33",
         "superseded": "2",
+        "skip": "2",
         "fail": "31",
         "refused": "31",
         "error": "31",

@@ -8,6 +8,8 @@ untrusted malformed request quietly and fail a trusted one with one line.
 
 from __future__ import annotations
 
+import os
+
 from gpuhook import fastpath
 from gpuhook.errors import SpecError
 from gpuhook.model import (
@@ -29,6 +31,10 @@ ENV_CAPS = "NVIDIA_DRIVER_CAPABILITIES"
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 GPUHOOK_ANNOTATION_PREFIX = "gpuhook.io/"
 MARKER_ROOTS = ("/var/run/nvidia-container-devices/", "/run/nvidia-container-devices/")
+# A marker is a mount of /dev/null, as a device plugin's Allocate response asks the kubelet for.
+# Any other source (an emptyDir, a configMap, a PVC: volumes every pod author may use) at the same
+# path is the pod author's, not a device plugin's, and is not a request.
+MARKER_SOURCE = "/dev/null"
 DOCKER_HOOK = "nvidia-container-runtime-hook"
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 MAX_DEVICE_IDS = 256
@@ -79,11 +85,12 @@ def parse(spec: Any) -> Request:
 
     marker_ids: list[str] = []
     sources: list[str] = []
-    for mount in spec.get("mounts") or ():
+    mounts = spec.get("mounts")
+    for mount in mounts if isinstance(mounts, list) else ():
         if not isinstance(mount, dict):
             continue
         dest = mount.get("destination")
-        if not isinstance(dest, str):
+        if not isinstance(dest, str) or not _is_marker_source(mount.get("source")):
             continue
         for root in MARKER_ROOTS:
             if dest.startswith(root):
@@ -182,6 +189,10 @@ def _env(value: Any) -> dict[str, str]:
             key, _, val = entry.partition("=")
             out[key] = val
     return out
+
+
+def _is_marker_source(source: Any) -> bool:
+    return isinstance(source, str) and os.path.normpath(source) == MARKER_SOURCE
 
 
 def _has_docker_hook(hooks: Any) -> bool:

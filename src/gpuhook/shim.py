@@ -20,7 +20,12 @@ from gpuhook.errors import GpuhookError, RuntimeNotFoundError, SpecError, descri
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpuhook.config import Config
+    from gpuhook.fsutil import FileLock
+    from gpuhook.model import Request
+    from gpuhook.pipeline import Outcome
     from gpuhook.runtime_args import RuntimeArgs
 
 PROG = "gpuhook-runtime"
@@ -67,7 +72,7 @@ def _exec(runtime: str, argv: list[str], args: RuntimeArgs) -> int:
 
 
 def _create(argv: list[str], args: RuntimeArgs) -> int:
-    from gpuhook import fastpath, log, ocispec, request
+    from gpuhook import fastpath, ocispec, request
 
     bundle = os.path.abspath(args.bundle or ".")
     try:
@@ -78,14 +83,12 @@ def _create(argv: list[str], args: RuntimeArgs) -> int:
     if not request.may_request_gpu(raw):
         identity = fastpath.identity_before_load()
         config = _config_or_none()
+        runtime = _runtime(config)
         if config is not None:
             _configure_log(config)
-            _record(config, args.container_id, bundle, None, fastpath.NOTE)
-            log.get_logger(container_id=args.container_id).debug("decision", gpu_container=False)
+            _record_and_log(config, args, bundle, None, fastpath.NOTE)
             # The next container without GPU markers takes gpuhook.fastpath (no os, no config).
-            debug = config.log_level == "debug"
-            fastpath.remember(identity, config.runtime, config.records_dir, debug)
-        runtime = _runtime(config)
+            fastpath.remember(identity, config)
         if not runtime:
             return _fail(args, RuntimeNotFoundError("no low-level OCI runtime found"))
         return _exec(runtime, argv, args)
@@ -102,9 +105,10 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
     except SpecError as exc:
         return _fail(args, exc)
     try:
-        has_request = bool(request.parse(spec).channels)
+        req = request.parse(spec)
     except SpecError as exc:
         return _fail(args, exc)
+    has_request = bool(req.channels)
     config: Config | None
     try:
         config = config_mod.load()
@@ -115,7 +119,7 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
     if config is None or not has_request:
         if config is not None:
             _configure_log(config)
-            _record(config, args.container_id, bundle, None)
+            _record_and_log(config, args, bundle, req, "")
         runtime = _runtime(config)
         if not runtime:
             return _fail(args, RuntimeNotFoundError("no low-level OCI runtime found"))
@@ -123,18 +127,24 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
 
     _configure_log(config)
     logger = log.get_logger(container_id=args.container_id, bundle=bundle)
+    usage = _MpsUsage(config, args.container_id)
     try:
-        outcome = pipeline.run(spec, config, rootfs=pipeline.rootfs_of(bundle, spec))
-        if outcome.changed:
-            ocispec.write(bundle, outcome.spec)
-    except GpuhookError as exc:
-        logger.error("create failed", error=str(exc))
-        return _fail(args, exc)
-    except Exception as exc:  # a bug: fail closed for a GPU request, with one line
-        logger.error("internal error", error=repr(exc))
-        return _fail(args, exc)
+        try:
+            outcome = pipeline.run(
+                spec, config, mps_usage_source=usage, rootfs=pipeline.rootfs_of(bundle, spec)
+            )
+            if outcome.changed:
+                ocispec.write(bundle, outcome.spec)
+        except GpuhookError as exc:
+            logger.error("create failed", error=str(exc))
+            return _fail(args, exc)
+        except Exception as exc:  # a bug: fail closed for a GPU request, with one line
+            logger.error("internal error", error=repr(exc))
+            return _fail(args, exc)
+        failure = _record(config, args, bundle, outcome)
+    finally:
+        usage.release()  # after the record: the next MPS create counts this container
     decision = outcome.decision
-    failure = _record(config, args.container_id, bundle, outcome)
     logger.info(
         "decision",
         gpu_container=decision.gpu_container,
@@ -144,6 +154,7 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
         reasons=[r.to_dict() for r in decision.reasons],
         kubernetes=outcome.request.kubernetes.to_dict() if outcome.request.kubernetes else None,
         spec_changed=outcome.changed,
+        mps=outcome.mps.to_dict() if outcome.mps is not None else None,
     )
     if failure:
         logger.warning("record not written", error=failure)
@@ -154,20 +165,92 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
     return _exec(runtime, argv, args)
 
 
+class _MpsUsage:
+    """The pinned memory limits of the live MPS containers, read under a lock that is held until
+    this container's record is written, so that two creates cannot both take the last share.
+    Only an MPS create under ``mps.oversubscription: reject`` ever calls it."""
+
+    def __init__(self, config: Config, container_id: str) -> None:
+        self.config = config
+        self.container_id = container_id
+        self.lock: FileLock | None = None
+
+    def __call__(self) -> dict[str, tuple[int, int]]:
+        from gpuhook import records
+        from gpuhook.errors import MpsError
+        from gpuhook.fsutil import FileLock
+
+        if self.lock is None:
+            lock = FileLock(os.path.join(self.config.state_dir, "mps-usage.lock"), timeout=30.0)
+            try:
+                lock.__enter__()
+            except TimeoutError:
+                raise MpsError(
+                    f"timed out waiting for the MPS accounting lock {lock.path}"
+                ) from None
+            except OSError as exc:
+                raise MpsError(f"cannot lock {lock.path}: {exc.strerror}") from None
+            self.lock = lock
+        return records.mps_usage(self.config, self.container_id)
+
+    def release(self) -> None:
+        lock = self.lock
+        if lock is not None:
+            self.lock = None
+            lock.__exit__(None, None, None)
+
+
 def _configure_log(config: Config) -> None:
     from gpuhook import log
 
     log.configure(config.log_level, config.log_file)
 
 
-def _record(config: Config, container_id: str, bundle: str, outcome: object, note: str = "") -> str:
+def _record(
+    config: Config, args: RuntimeArgs, bundle: str, outcome: Outcome | None, **kw: Any
+) -> str:
+    """Write the decision record; "" on success, else the one-line failure (never raises: a
+    record must never block a container)."""
     from gpuhook import records
 
     try:
-        record = records.build(container_id, bundle, outcome, note)  # type: ignore[arg-type]
-        return records.write(config, container_id, bundle, record)
-    except Exception as exc:  # a record must never block a container
+        record = records.build(
+            args.container_id,
+            bundle,
+            outcome,
+            runtime=config.runtime,
+            root=args.root,
+            config=config.source,
+            **kw,
+        )
+        return records.write(config, args.container_id, bundle, record)
+    except Exception as exc:
         return f"record failed: {exc!r}"
+
+
+def _record_and_log(
+    config: Config, args: RuntimeArgs, bundle: str, req: Request | None, note: str
+) -> None:
+    """A container that asked for no GPU: its record and a debug ``decision`` event shaped as
+    the GPU path's, plus a warning when the record could not be written."""
+    from gpuhook import log, records
+
+    failure = _record(config, args, bundle, None, note=note, request=req)
+    logger = log.get_logger(container_id=args.container_id, bundle=bundle)
+    if log.debug_enabled():
+        why = note or records.NO_REQUEST
+        logger.debug(
+            "decision",
+            gpu_container=False,
+            channel=None,
+            devices=[],
+            refused=False,
+            reasons=[{"channel": "-", "value": "", "verdict": "ignored", "why": why}],
+            kubernetes=req.kubernetes.to_dict() if req is not None and req.kubernetes else None,
+            spec_changed=False,
+        )
+    if failure:
+        logger.warning("record not written", error=failure)
 
 
 def _fail(args: RuntimeArgs, exc: BaseException) -> int:

@@ -36,7 +36,8 @@ def _node(n: DeviceNode) -> dict[str, Any]:
 # --- inspect node -------------------------------------------------------------------------------
 
 
-def node_view(config: Config, status: Status) -> dict[str, Any]:
+def node_view(config: Config, status: Status, mps: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``mps``: :func:`gpuhook.mps.node_state` (per GPU index: group and daemon state)."""
     inv = status.inventory
     view: dict[str, Any] = {
         "config": config.source,
@@ -58,7 +59,10 @@ def node_view(config: Config, status: Status) -> dict[str, Any]:
         "cuda_version": inv.cuda_driver_version,
         "nvml_library": inv.nvml_library,
     }
-    view["gpus"] = [_gpu_view(g) for g in inv.gpus]
+    mps_gpus = (mps or {}).get("gpus", {})
+    view["gpus"] = [{**_gpu_view(g), "mps": _mps_gpu(mps_gpus.get(str(g.index)))} for g in inv.gpus]
+    if mps and mps.get("error"):
+        view["mps_error"] = mps["error"]
     view["control_nodes"] = [_node(n) for n in inv.control_nodes]
     view["libraries"] = _libraries_view(inv)
     for kind, key in (("binary", "binaries"), ("firmware", "firmware"), ("socket", "ipc_sockets")):
@@ -100,6 +104,12 @@ def _gpu_view(g: Any) -> dict[str, Any]:
             for m in g.mig_devices
         ],
     }
+
+
+def _mps_gpu(state: dict[str, Any] | None) -> dict[str, Any]:
+    if state is None:
+        return {"shared": False}
+    return {"shared": True, **state}
 
 
 def _libraries_view(inv: Inventory) -> dict[str, Any]:
@@ -165,6 +175,7 @@ def node_table(view: dict[str, Any], color: bool = False) -> str:
                 if node
                 else paint("missing", "fail", color),
                 f"enabled ({len(g['mig_devices'])})" if g["mig_enabled"] else "-",
+                _mps_cell(g["mps"], color),
             ]
         )
         for m in g["mig_devices"]:
@@ -179,16 +190,24 @@ def node_table(view: dict[str, Any], color: bool = False) -> str:
                     "",
                     caps or paint("no caps nodes", "fail", color),
                     "",
+                    "",
                 ]
             )
     gpu_title = f"GPUs ({len(view['gpus'])})"
     out.append(
         section(
             gpu_title,
-            table(["ID", "UUID", "NAME", "MEMORY", "PCI / MIG", "CC", "DEVICE NODE", "MIG"], rows),
+            table(
+                ["ID", "UUID", "NAME", "MEMORY", "PCI / MIG", "CC", "DEVICE NODE", "MIG", "MPS"],
+                rows,
+            ),
             color,
         )
     )
+    if view.get("mps_error"):
+        out.append(
+            section("MPS", f"  {paint('fail', 'fail', color)}  {view['mps_error']}\n", color)
+        )
     out.append(
         section(
             "Control device nodes",
@@ -224,6 +243,65 @@ def node_table(view: dict[str, Any], color: bool = False) -> str:
     return "\n".join(out)
 
 
+def _mps_cell(mps: dict[str, Any], color: bool) -> str:
+    if not mps.get("shared"):
+        return "-"
+    if mps["daemon"] == "running":
+        return f"{mps['group']} " + paint(f"running (pid {mps['pid']})", "ok", color)
+    return f"{mps['group']} " + paint("down", "fail", color)
+
+
+# --- mps status ---------------------------------------------------------------------------------
+
+
+def mps_table(view: dict[str, Any], color: bool = False) -> str:
+    rows = []
+    notes = []
+    for g in view["groups"]:
+        state = g["state"]
+        defaults = g.get("defaults") or {}
+        share = g["share"]
+        threads = (
+            defaults.get("active_thread_percentage") or share["active_thread_percentage"]["value"]
+        )
+        pinned = defaults.get("pinned_memory_limit") or {
+            str(p["index"]): p["value"] for p in share["pinned_memory_limit"]
+        }
+        servers = g.get("servers")
+        rows.append(
+            [
+                g["group"],
+                ",".join(str(x["index"]) for x in g["gpus"]),
+                paint(state, "ok" if state == "running" else "fail", color),
+                g["pid"],
+                g["pipe_dir"],
+                threads if threads is not None else "-",
+                ",".join(f"{i}={v}" for i, v in pinned.items() if v) or "-",
+                "-"
+                if servers is None
+                else "; ".join(
+                    f"{s['pid']}: {','.join(s['clients']) or 'no clients'}" for s in servers
+                )
+                or "none",
+            ]
+        )
+        for key in ("note", "error"):
+            if g.get(key):
+                notes.append(f"  {g['group']}: {g[key]}\n")
+        if g.get("compute_modes"):
+            modes = ", ".join(f"GPU {i} {m}" for i, m in g["compute_modes"].items())
+            notes.append(f"  {g['group']}: compute mode {modes}\n")
+    out = [
+        f"MPS root  {view['root']}   (config {view['config']})\n",
+        table(
+            ["GROUP", "GPUS", "DAEMON", "PID", "PIPE DIR", "THREADS %", "PINNED", "SERVERS"], rows
+        ),
+    ]
+    if notes:
+        out.append(section("Notes", "".join(notes), color))
+    return "\n".join(out)
+
+
 # --- inspect spec -------------------------------------------------------------------------------
 
 
@@ -237,15 +315,38 @@ def outcome_view(outcome: Outcome, bundle: str) -> dict[str, Any]:
         "allocation_error": outcome.allocation_error,
         "decision": outcome.decision.to_dict(),
         "edits": outcome.edits.to_dict(),
+        "mps": outcome.mps.to_dict() if outcome.mps is not None else None,
         "spec_changed": outcome.changed,
     }
+
+
+def _mount_rows(mounts: list[dict[str, Any]]) -> list[list[str]]:
+    """Mounts grouped by the folder they land in (a library folder is a tmpfs with one bind
+    mount per name of each library): one row per folder, the full list is in the JSON."""
+    tmpfs = [m["containerPath"] for m in mounts if m["type"] != "bind"]
+    groups: dict[str, dict[str, list[str]]] = {}  # container folder -> host file -> names
+    for m in mounts:
+        if m["type"] != "bind":
+            continue
+        folder, _, name = m["containerPath"].rpartition("/")
+        groups.setdefault(folder or "/", {}).setdefault(m["hostPath"], []).append(name)
+    rows = []
+    for folder, files in groups.items():
+        names = [min(ns, key=len) for ns in files.values()]  # a library's soname, not its file
+        hosts = {h.rpartition("/")[0] or "/" for h in files}
+        source = f" <- {hosts.pop()}" if len(hosts) == 1 else ""
+        kind = "libraries" if folder in tmpfs else "mounts"
+        where = f"{folder} (tmpfs)" if folder in tmpfs else folder
+        rows.append([kind, f"{where}: {', '.join(names)}{source}"])
+    rows += [["tmpfs", t] for t in tmpfs if t not in groups]
+    return rows
 
 
 def decision_table(view: dict[str, Any], color: bool = False) -> str:
     """The request, the decision with its reasons, and the edits: shared by inspect spec and
     inspect container."""
     out = []
-    req = view["request"]
+    req = view.get("request") or {}  # None in a record: the spec had no GPU marker to parse
     kube = view.get("kubernetes")
     who = "-"
     if kube:
@@ -270,7 +371,7 @@ def decision_table(view: dict[str, Any], color: bool = False) -> str:
         verdict = paint("refused", "refused", color) + ": no GPU"
     head = [
         ("Container", who),
-        ("Privileged", "yes" if req.get("privileged") else "no"),
+        ("Privileged", "yes" if req.get("privileged") else "no" if req else "-"),
         ("Decision", verdict),
     ]
     if dec.get("capabilities"):
@@ -302,19 +403,146 @@ def decision_table(view: dict[str, Any], color: bool = False) -> str:
             color,
         )
     )
+    mps = view.get("mps")
+    if mps:
+        pct = mps["active_thread_percentage"]
+        rows = [
+            ["group", mps["group"], ""],
+            ["pipe dir", f"{mps['container_pipe_dir']} <- {mps['pipe_dir']}", ""],
+            ["active threads", f"{pct['value']}%", pct["source"]],
+        ]
+        rows += [
+            ["pinned memory", f"device {d['index']} (GPU {d['gpu']}): {d['limit']}", d["source"]]
+            for d in mps["pinned_memory_limits"]
+        ]
+        out.append(section("MPS", table(["LIMIT", "VALUE", "FROM"], rows), color))
     edits = view.get("edits")
     if edits:
         rows = [["env", e] for e in edits["env"]]
-        rows += [
-            ["device", f"{d['path']} ({d['type']} {d['major']}:{d['minor']})"]
-            for d in edits["deviceNodes"]
-        ]
-        binds = [m for m in edits["mounts"] if m["type"] == "bind"]
-        tmpfs = [m for m in edits["mounts"] if m["type"] != "bind"]
-        rows += [["tmpfs", m["containerPath"]] for m in tmpfs]
-        rows += [["mount", f"{m['containerPath']} <- {m['hostPath']}"] for m in binds]
+        nodes = [f"{d['path']} ({d['major']}:{d['minor']})" for d in edits["deviceNodes"]]
+        if nodes:
+            rows.append(["devices", ", ".join(nodes)])
+        rows += _mount_rows(edits["mounts"])
         rows += [["hook", f"{h['hookName']}: {' '.join(h['args'])}"] for h in edits["hooks"]]
         rows += [["remove hook", h] for h in edits.get("removeHooks", [])]
+        rows += [["replace mount", m] for m in edits.get("replaceMounts", [])]
         if rows:
             out.append(section("Injected", table(["KIND", "WHAT"], rows), color))
     return "\n".join(out)
+
+
+# --- inspect container ----------------------------------------------------------------------------
+
+
+def _short_decision(dec: dict[str, Any], color: bool) -> str:
+    if not dec["gpu_container"]:
+        return "no GPU"
+    if dec["devices"]:
+        return paint("granted", "granted", color) + " " + ",".join(d["id"] for d in dec["devices"])
+    if dec["driver_only"]:
+        return paint("granted", "granted", color) + " driver only"
+    return paint("refused", "refused", color)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def container_table(record: dict[str, Any], color: bool = False, now: float | None = None) -> str:
+    """One container's record: where and when it was decided, then :func:`decision_table`."""
+    now = time.time() if now is None else now
+    ts = float(record["timestamp"])
+    rt = record.get("runtime") or {}
+    runtime = rt.get("path") or "-"
+    if rt.get("root"):
+        runtime += f" --root {rt['root']}"
+    head = [
+        ("ID", record["container_id"]),
+        ("Created", f"{_iso(ts)} ({age(now - ts)}) by gpuhook {record['gpuhook_version']}"),
+        ("Bundle", record["bundle"]),
+        ("Runtime", runtime),
+        ("Config", record.get("config") or "-"),
+    ]
+    width = max(len(k) for k, _ in head)
+    block = "".join(f"{k.ljust(width)}  {v}\n" for k, v in head)
+    return block + "\n" + decision_table(record, color)
+
+
+def records_table(
+    records: list[dict[str, Any]], deleted: int, color: bool = False, now: float | None = None
+) -> str:
+    """``inspect container --all``: one line per container, oldest first."""
+    now = time.time() if now is None else now
+    rows = []
+    for r in records:
+        kube = r.get("kubernetes")
+        who = "-"
+        if kube:
+            name = kube["container_name"] or kube["container_type"]
+            who = f"{kube['namespace']}/{kube['pod_name']}/{name}"
+        dec = r["decision"]
+        why = dec["reasons"][0]["why"] if dec["reasons"] else ""
+        rows.append(
+            [
+                r["container_id"][:12],
+                age(now - float(r["timestamp"])),
+                who,
+                dec.get("channel") or "-",
+                _short_decision(dec, color),
+                _clip(why, 72),
+            ]
+        )
+    out = table(["ID", "CREATED", "KUBERNETES", "CHANNEL", "DECISION", "WHY"], rows)
+    if not records:
+        out = "no decision records\n"
+    if deleted:
+        out += (
+            f"({deleted} record link{'s' if deleted != 1 else ''} of deleted containers not "
+            "shown; gpuhook gc removes them)\n"
+        )
+    return out
+
+
+# --- gc -------------------------------------------------------------------------------------------
+
+
+def gc_table(view: dict[str, Any], color: bool = False) -> str:
+    dry = view["dry_run"]
+    verb = "would remove" if dry else "removed"
+    rows = [
+        [paint(verb, "warn" if dry else "ok", color), i["container_id"], i["reason"]]
+        for i in view["removed"]
+    ]
+    rows += [[paint("kept", "pass", color), i["container_id"], i["reason"]] for i in view["kept"]]
+    out = table(["ACTION", "CONTAINER", "WHY"], rows) if rows else ""
+    n = len(view["removed"])
+    out += (
+        f"gc: {verb} {n} link{'s' if n != 1 else ''} of deleted containers, kept "
+        f"{len(view['kept'])}, {view['live']} live ({view['records_dir']})"
+        + ("; dry run: nothing removed" if dry else "")
+        + "\n"
+    )
+    return out
+
+
+# --- doctor ---------------------------------------------------------------------------------------
+
+
+def doctor_table(view: dict[str, Any], color: bool = False) -> str:
+    """One line per check: status, check, what was found, and for a failure or warning its fix."""
+    checks = view["checks"]
+    width = max((len(c["check"]) for c in checks), default=5)
+    lines = []
+    for c in checks:
+        status = c["status"]
+        line = f"{paint(status.upper().ljust(4), status, color)}  {c['check'].ljust(width)}  "
+        line += c["message"]
+        if c.get("fix") and status in ("fail", "warn"):
+            line += f"; fix: {c['fix']}"
+        lines.append(line.rstrip() + "\n")
+    s = view["summary"]
+    lines.append(
+        f"\ndoctor: {s['fail']} failed, {s['warn']} warnings, {s['pass']} passed, "
+        f"{s['skip']} skipped\n"
+    )
+    return "".join(lines)

@@ -42,6 +42,7 @@ def fake_ldconfig(tmp_path: Path) -> Path:
     script.write_text(
         "#!/bin/sh\n"
         f"exec 3>{out}\n"
+        f"echo run >> {tmp_path}/runs\n"
         'printf "%s\\n" "$@" >&3\n'
         "echo --- >&3\n"
         "tr '\\0' '\\n' < /proc/$$/environ >&3\n"
@@ -246,3 +247,55 @@ def test_dispatcher_is_posix_sh() -> None:
     for shell in (["/bin/sh", "-n"], ["bash", "--posix", "-n"]):
         assert subprocess.run([*shell, str(DISPATCHER)], check=False).returncode == 0
     assert os.access(DISPATCHER, os.X_OK)
+
+
+def test_sh_dispatcher_hands_a_failed_run_to_python_which_logs_it(
+    fake_ldconfig: Path, tmp_path: Path
+) -> None:
+    """A failing ldconfig run by the dispatcher is logged as gpuhook.hooks logs it: one warning
+    event in the config's log file, bound to the container of the OCI state; ldconfig ran once."""
+    from tests.logcapture import log_lines, paper_node
+
+    config = paper_node(tmp_path / "node")
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    (tmp_path / "rc").write_text("3")
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c-fail", "bundle": "/nonexistent"})
+    result = subprocess.run(
+        [str(DISPATCHER), "hook", "update-ldcache", "--ldconfig", str(fake_ldconfig)]
+        + ["--rootfs", str(rootfs), "--folder", FOLDER],
+        input=state,
+        capture_output=True,
+        text=True,
+        env={**HOOK_ENV, "GPUHOOK_CONFIG": str(config)},
+        cwd="/tmp",
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0
+    assert result.stderr == (
+        f"gpuhook hook update-ldcache: {fake_ldconfig} exited with 3; "
+        "the container's ld.so.cache was not refreshed\n"
+    )
+    [event] = log_lines(tmp_path / "node" / "log" / "gpuhook.log")
+    assert (event["event"], event["level"], event["container_id"], event["exit_code"]) == (
+        "ldcache not refreshed",
+        "warning",
+        "c-fail",
+        3,
+    )
+    assert event["command"] == [str(fake_ldconfig), "-X", "-r", str(rootfs), FOLDER]
+    assert (tmp_path / "runs").read_text() == "run\n"  # Python reported it, did not run it again
+
+
+def test_at_debug_level_the_hook_runs_in_python_which_logs_every_refresh() -> None:
+    """Without --rootfs the dispatcher hands the hook to Python (which logs "ldcache refreshed")."""
+    out = pipeline.run(
+        f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"]),
+        f.config(log__level="debug"),
+        inventory_source=lambda _c: f.inventory(8),
+        rootfs="/run/bundles/c1/rootfs",
+    )
+    args = out.spec["hooks"]["createContainer"][0]["args"]
+    assert "--rootfs" not in args
+    assert args[-2:] == ["--folder", FOLDER]

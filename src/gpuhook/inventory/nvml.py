@@ -191,3 +191,52 @@ def _gpu(pynvml: Any, index: int) -> GpuFacts:
         bool(mig_current),
         migs,
     )
+
+
+# nvmlComputeMode_t
+COMPUTE_MODES = {"DEFAULT": 0, "EXCLUSIVE_THREAD": 1, "PROHIBITED": 2, "EXCLUSIVE_PROCESS": 3}
+
+
+def set_compute_mode(
+    explicit_library: str, driver_root_candidates: list[str], uuids: list[str], mode: str
+) -> None:
+    """Put GPUs (by UUID) in a compute mode (``DEFAULT`` or ``EXCLUSIVE_PROCESS``); needs root.
+    Raises :class:`InventoryError` naming the GPU and NVML's reason."""
+    pynvml, _ = load_library(explicit_library, driver_root_candidates)
+    value = COMPUTE_MODES[mode]
+    current = "nvmlInit"
+    try:
+        pynvml.nvmlInit()
+        try:
+            for uuid in uuids:
+                current = f"nvmlDeviceGetHandleByUUID({uuid})"
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                current = f"nvmlDeviceSetComputeMode({uuid}, {mode})"
+                pynvml.nvmlDeviceSetComputeMode(handle, value)
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError as exc:
+        raise InventoryError(f"NVML {current} failed: {_text(exc)}") from None
+
+
+def compute_modes(
+    explicit_library: str, driver_root_candidates: list[str], uuids: list[str]
+) -> dict[str, str]:
+    """The compute mode of each GPU (by UUID): ``DEFAULT``, ``EXCLUSIVE_PROCESS``, ..."""
+    pynvml, _ = load_library(explicit_library, driver_root_candidates)
+    names = {v: k for k, v in COMPUTE_MODES.items()}
+    out: dict[str, str] = {}
+    current = "nvmlInit"
+    try:
+        pynvml.nvmlInit()
+        try:
+            for uuid in uuids:
+                current = f"nvmlDeviceGetComputeMode({uuid})"
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                mode = int(pynvml.nvmlDeviceGetComputeMode(handle))
+                out[uuid] = names.get(mode, str(mode))
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError as exc:
+        raise InventoryError(f"NVML {current} failed: {_text(exc)}") from None
+    return out

@@ -52,7 +52,7 @@ def read(config: Config) -> Inventory:
         raise InventoryError(f"cannot read inventory {path}: {exc.strerror}") from None
     try:
         return Inventory.from_dict(_fastjson.loads(raw))  # type: ignore[arg-type]
-    except ValueError as exc:
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:  # any damage is "corrupt"
         raise InventoryError(
             f"inventory {path} is corrupt ({exc}); run: gpuhook inventory refresh"
         ) from None
@@ -102,8 +102,8 @@ def refresh(config: Config, *, only_if_needed: bool = False) -> Inventory:
     ``only_if_needed``: after taking the lock, first re-read the file; another process may have
     refreshed it while this one waited.
     """
-    os.makedirs(os.path.dirname(config.inventory_path) or ".", exist_ok=True)
     try:
+        os.makedirs(os.path.dirname(config.inventory_path) or ".", exist_ok=True)
         lock = FileLock(lock_path(config), timeout=LOCK_TIMEOUT_S)
         with lock:
             if only_if_needed:
@@ -128,16 +128,22 @@ def refresh(config: Config, *, only_if_needed: bool = False) -> Inventory:
         ) from None
 
 
+def nvml_candidates(config: Config) -> list[str]:
+    """Where the driver root keeps libnvidia-ml, tried after the normal library search."""
+    from gpuhook.inventory import nvml
+
+    return [
+        driverroot.host_path(config.driver_root, f"{folder}/{nvml.SONAME}")
+        for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib64")
+    ]
+
+
 def build(config: Config) -> Inventory:
     """Query NVML and scan the driver and dev roots (slow: seconds on some nodes)."""
     from gpuhook.inventory import nvml
 
     key = driverroot.staleness_key(config.driver_root, config.dev_root)
-    candidates = [
-        driverroot.host_path(config.driver_root, f"{folder}/{nvml.SONAME}")
-        for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib64")
-    ]
-    facts = nvml.query(config.nvml_library, candidates)
+    facts = nvml.query(config.nvml_library, nvml_candidates(config))
     scan = driverroot.scan(config.driver_root, config.dev_root, facts.driver_version)
     warnings = list(scan.warnings)
     gpus: list[Gpu] = []

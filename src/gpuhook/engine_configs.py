@@ -1,0 +1,201 @@
+"""Read-only views of the container engines' configs: is gpuhook-runtime registered, and is it
+the default runtime? (``gpuhook doctor``.)
+
+docker: ``/etc/docker/daemon.json``, ``runtimes.<name>.path`` (or, for docker 23+ shim-style
+entries, ``runtimes.<name>.options.BinaryName``) and ``default-runtime`` (runc when absent).
+containerd: ``/etc/containerd/config.toml``, config version 2 (containerd 1.x, CRI plugin
+``io.containerd.grpc.v1.cri``) or 3 (containerd 2.x, ``io.containerd.cri.v1.runtime``):
+``<plugin>.containerd.runtimes.<name>.options.BinaryName`` and
+``<plugin>.containerd.default_runtime_name`` (runc when absent), including the files named by
+``imports`` (version 2 replaces a whole plugin section with an imported one, version 3 merges
+key by key).
+
+All the reading of these two formats lives here, so that it can later share its parsing with
+the module that writes them (``gpuhook runtime configure``).
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+DOCKER = "docker"
+CONTAINERD = "containerd"
+DEFAULT_PATHS = {DOCKER: "/etc/docker/daemon.json", CONTAINERD: "/etc/containerd/config.toml"}
+RUNTIME_BASENAME = "gpuhook-runtime"
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+MAX_BYTES = 4 * 1024 * 1024
+
+
+class Registration:
+    """What one engine config says about runtimes.
+
+    ``runtimes``: every runtime name with the executable it runs ("" when none is named);
+    ``default``: the default runtime's name; ``error``: a one-line reason the file could not
+    be read ("" when it could); ``exists``: whether the file exists at all.
+    """
+
+    def __init__(
+        self,
+        engine: str,
+        path: str,
+        exists: bool,
+        runtimes: dict[str, str] | None = None,
+        default: str = "runc",
+        error: str = "",
+        version: int | None = None,
+    ) -> None:
+        self.engine = engine
+        self.path = path
+        self.exists = exists
+        self.runtimes = runtimes or {}
+        self.default = default
+        self.error = error
+        self.version = version
+
+    @property
+    def gpuhook_runtimes(self) -> dict[str, str]:
+        """The runtimes that run gpuhook-runtime (by the executable's name)."""
+        return {
+            name: path
+            for name, path in self.runtimes.items()
+            if os.path.basename(path) == RUNTIME_BASENAME
+        }
+
+    @property
+    def default_is_gpuhook(self) -> bool:
+        return self.default in self.gpuhook_runtimes
+
+
+def _read(path: str) -> tuple[bytes | None, str]:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None, ""
+    except OSError as exc:
+        return None, f"cannot read: {exc.strerror}"
+    if len(data) > MAX_BYTES:
+        return None, "larger than 4 MiB"
+    return data, ""
+
+
+def read_docker(path: str) -> Registration:
+    import json
+
+    data, error = _read(path)
+    if data is None:
+        return Registration(DOCKER, path, bool(error), error=error)
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        return Registration(DOCKER, path, True, error=f"not valid JSON: {exc}")
+    if not isinstance(doc, dict):
+        return Registration(DOCKER, path, True, error="the top level is not a JSON object")
+    runtimes: dict[str, str] = {}
+    raw = doc.get("runtimes")
+    if raw is not None and not isinstance(raw, dict):
+        return Registration(DOCKER, path, True, error="'runtimes' is not an object")
+    for name, entry in (raw or {}).items():
+        binary = ""
+        if isinstance(entry, dict):
+            binary = entry.get("path") or ""
+            options = entry.get("options")
+            if not binary and isinstance(options, dict):
+                binary = options.get("BinaryName") or ""
+        runtimes[str(name)] = binary if isinstance(binary, str) else ""
+    default = doc.get("default-runtime") or "runc"
+    return Registration(DOCKER, path, True, runtimes, str(default))
+
+
+def _load_toml(data: bytes) -> dict[str, Any]:
+    import tomllib
+
+    return tomllib.loads(data.decode("utf-8"))
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _imports(doc: dict[str, Any], path: str, version: int) -> str:
+    """Fold the files named by ``imports`` into ``doc``; returns a one-line error or ""."""
+    import glob
+
+    patterns = doc.get("imports") or []
+    if not isinstance(patterns, list):
+        return "'imports' is not a list"
+    base = os.path.dirname(os.path.abspath(path))
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            return "'imports' holds something other than paths"
+        full = pattern if os.path.isabs(pattern) else os.path.join(base, pattern)
+        for name in sorted(glob.glob(full)):
+            data, error = _read(name)
+            if data is None:
+                return f"import {name}: {error or 'not found'}"
+            try:
+                imported = _load_toml(data)
+            except (ValueError, UnicodeDecodeError) as exc:
+                return f"import {name}: not valid TOML: {exc}"
+            plugins = imported.get("plugins")
+            if version == 2 and isinstance(plugins, dict):
+                # containerd 1.x: an imported plugin section replaces the main file's.
+                doc.setdefault("plugins", {}).update(plugins)
+                imported = {k: v for k, v in imported.items() if k != "plugins"}
+            imported.pop("imports", None)
+            imported.pop("version", None)
+            _merge(doc, imported)
+    return ""
+
+
+def read_containerd(path: str) -> Registration:
+    data, error = _read(path)
+    if data is None:
+        return Registration(CONTAINERD, path, bool(error), error=error)
+    try:
+        doc = _load_toml(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return Registration(CONTAINERD, path, True, error=f"not valid TOML: {exc}")
+    version = doc.get("version", 1)
+    if version not in CRI_PLUGIN:
+        return Registration(
+            CONTAINERD,
+            path,
+            True,
+            error=f"config version {version} is not supported (gpuhook reads versions 2 and 3; "
+            "containerd config migrate converts older files)",
+            version=version if isinstance(version, int) else None,
+        )
+    error = _imports(doc, path, version)
+    if error:
+        return Registration(CONTAINERD, path, True, error=error, version=version)
+    section: Any = doc
+    for key in ("plugins", CRI_PLUGIN[version], "containerd"):
+        section = section.get(key) if isinstance(section, dict) else None
+    if section is None:
+        section = {}
+    if not isinstance(section, dict):
+        return Registration(
+            CONTAINERD, path, True, error="the CRI containerd section is not a table"
+        )
+    runtimes: dict[str, str] = {}
+    raw = section.get("runtimes") or {}
+    if isinstance(raw, dict):
+        for name, entry in raw.items():
+            options = entry.get("options") if isinstance(entry, dict) else None
+            binary = options.get("BinaryName") if isinstance(options, dict) else ""
+            runtimes[str(name)] = binary if isinstance(binary, str) else ""
+    default = section.get("default_runtime_name") or "runc"
+    return Registration(CONTAINERD, path, True, runtimes, str(default), version=version)
+
+
+def read(engine: str, path: str) -> Registration:
+    return read_docker(path) if engine == DOCKER else read_containerd(path)

@@ -1,0 +1,375 @@
+"""MPS control daemons (I/O): start, stop and status of ``nvidia-cuda-mps-control``.
+
+One daemon per share group (:mod:`gpuhook.sharing`), started as ``nvidia-cuda-mps-control -d``
+from the inventory's driver binaries with an explicit environment (never the caller's):
+``CUDA_VISIBLE_DEVICES`` = the group's GPU UUIDs, ``CUDA_MPS_PIPE_DIRECTORY`` =
+``<mps.root>/<group>/pipe``, ``CUDA_MPS_LOG_DIRECTORY`` = ``<mps.root>/<group>/log``. The
+group's share is set as the daemon's defaults through the control interface (the same binary in
+client mode, one command per call). The daemon writes its pid to
+``<pipe dir>/nvidia-cuda-mps-control.pid``; :func:`control_pid` (a file read and a /proc read,
+no subprocess) is what the container-create path uses to tell that a daemon is up.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuhook.errors import GpuhookError, MpsError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpuhook.config import Config
+    from gpuhook.model import Inventory
+    from gpuhook.sharing import Group
+
+CONTROL = "nvidia-cuda-mps-control"
+PID_FILE = "nvidia-cuda-mps-control.pid"
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0
+COMMAND_TIMEOUT_S = 10.0
+LOCK_TIMEOUT_S = 60.0
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+# --- liveness (hot path: os only) --------------------------------------------------------------
+
+
+def control_pid(pipe_dir: str) -> int | None:
+    """The pid of the control daemon whose pid file is in ``pipe_dir``; None when there is no
+    pid file or its process is gone (or is another program that reused the pid)."""
+    try:
+        with open(os.path.join(pipe_dir, PID_FILE), "rb") as fh:
+            text = fh.read(32).strip()
+    except OSError:
+        return None
+    if not text.isdigit() or int(text) <= 1:
+        return None
+    pid = int(text)
+    return pid if _is_control(pid) else None
+
+
+def _is_control(pid: int) -> bool:
+    """Whether ``pid`` runs nvidia-cuda-mps-control (a zombie has an empty cmdline: gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv0 = fh.read(4096).split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return os.path.basename(argv0) == CONTROL.encode()
+
+
+def _pid_file_value(pipe_dir: str) -> int | None:
+    try:
+        with open(os.path.join(pipe_dir, PID_FILE), "rb") as fh:
+            text = fh.read(32).strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+# --- the daemon of one group --------------------------------------------------------------------
+
+
+def binary(inventory: Inventory) -> str:
+    """The control daemon executable of the inventory's driver."""
+    for f in inventory.files_of("binary"):
+        if f.name == CONTROL:
+            return f.path
+    raise MpsError(
+        f"{CONTROL} is not in the driver root {inventory.driver_root} (inventory "
+        "binaries); install the driver's compute utilities and run: gpuhook inventory refresh"
+    )
+
+
+class Daemon:
+    """The control daemon of one share group: its folders, environment and control interface."""
+
+    def __init__(self, config: Config, inventory: Inventory, group: Group) -> None:
+        self.config = config
+        self.group = group
+        self.binary = binary(inventory)
+        self.pipe_dir = group.pipe_dir(config.mps.root)
+        self.log_dir = group.log_dir(config.mps.root)
+        self.env = {
+            "PATH": f"{os.path.dirname(self.binary)}:{SYSTEM_PATH}",
+            "CUDA_VISIBLE_DEVICES": group.visible_devices(),
+            "CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir,
+            "CUDA_MPS_LOG_DIRECTORY": self.log_dir,
+        }
+        if os.path.abspath(config.driver_root) != "/":
+            # the MPS server loads libcuda: from the driver root, not from the host's search path
+            folders = sorted(
+                {
+                    os.path.dirname(lib.path)
+                    for lib in inventory.libraries
+                    if lib.capability != "compat32"
+                }
+            )
+            if folders:
+                self.env["LD_LIBRARY_PATH"] = ":".join(folders)
+
+    @property
+    def label(self) -> str:
+        what = "GPUs" if len(self.group.gpus) > 1 else "GPU"
+        return f"{self.group.name} ({what} {self.group.indices})"
+
+    def pid(self) -> int | None:
+        return control_pid(self.pipe_dir)
+
+    def send(self, command: str) -> str:
+        """One command through the control interface; its reply. Raises MpsError."""
+        import subprocess
+
+        try:
+            proc = subprocess.run(
+                [self.binary],
+                input=command + "\n",
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_TIMEOUT_S,
+                cwd="/",
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise MpsError(
+                f"{self.label}: {CONTROL} did not answer {command.partition(' ')[0]} within "
+                f"{COMMAND_TIMEOUT_S:.0f}s"
+            ) from None
+        except OSError as exc:
+            raise MpsError(f"{self.label}: cannot run {self.binary}: {exc.strerror}") from None
+        if proc.returncode != 0:
+            why = _last_line(proc.stderr) or _last_line(proc.stdout) or f"exit {proc.returncode}"
+            raise MpsError(f"{self.label}: {command.partition(' ')[0]} failed: {why}")
+        return proc.stdout
+
+    def lock(self) -> Any:
+        from gpuhook.fsutil import FileLock
+
+        return FileLock(os.path.join(self.config.mps.root, self.group.name, "lock"), LOCK_TIMEOUT_S)
+
+    def start(self) -> dict[str, Any]:
+        """Start the daemon unless it runs, then set the group's share as its defaults."""
+        for folder in (self.pipe_dir, self.log_dir):
+            os.makedirs(folder, mode=0o755, exist_ok=True)
+        with self.lock():
+            pid = self.pid()
+            state = "already running"
+            if pid is None:
+                self._remove_pid_file()
+                if self.config.mps.exclusive_process:
+                    self._compute_mode("EXCLUSIVE_PROCESS")
+                try:
+                    self._spawn()
+                    pid = _wait(self.pid, START_TIMEOUT_S)
+                    if pid is None:
+                        raise MpsError(
+                            f"{self.label}: the control daemon did not come up within "
+                            f"{START_TIMEOUT_S:.0f}s; see {self.log_dir}/control.log"
+                        )
+                except MpsError:
+                    if self.config.mps.exclusive_process:  # no daemon: leave the GPUs usable
+                        self._compute_mode("DEFAULT")
+                    raise
+                state = "started"
+            defaults = self.group.default_commands()
+            for command in defaults:
+                self.send(command)
+        return {**self._head(), "state": state, "pid": pid, "defaults_set": defaults}
+
+    def _spawn(self) -> None:
+        import subprocess
+        import tempfile
+
+        # stdout/stderr to a file, not a pipe: the daemonized child may keep them open
+        with tempfile.TemporaryFile() as err:
+            try:
+                proc = subprocess.run(
+                    [self.binary, "-d"],
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=err,
+                    stderr=err,
+                    cwd="/",
+                    timeout=START_TIMEOUT_S,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                raise MpsError(
+                    f"{self.label}: {self.binary} -d did not return within {START_TIMEOUT_S:.0f}s"
+                ) from None
+            except OSError as exc:
+                raise MpsError(f"{self.label}: cannot run {self.binary}: {exc.strerror}") from None
+            if proc.returncode != 0:
+                err.seek(0)
+                why = _last_line(err.read().decode(errors="replace")) or "no message"
+                raise MpsError(
+                    f"{self.label}: {self.binary} -d failed (exit {proc.returncode}): {why}"
+                )
+
+    def stop(self) -> dict[str, Any]:
+        """``quit`` through the control interface; a daemon that outlives it gets SIGTERM, then
+        SIGKILL. Afterwards no daemon of this group runs."""
+        import signal
+
+        with self.lock():
+            pid = self.pid()
+            state = "not running"
+            if pid is not None:
+                try:
+                    self.send("quit")
+                except MpsError:
+                    pass  # the signals below still stop it
+                for sig, wait_s in (
+                    (None, STOP_TIMEOUT_S),
+                    (signal.SIGTERM, 5.0),
+                    (signal.SIGKILL, 5.0),
+                ):
+                    if sig is not None and _is_control(pid):
+                        try:
+                            os.kill(pid, sig)
+                        except ProcessLookupError:
+                            pass
+                    if _wait(lambda p=pid: None if _is_control(p) else p, wait_s) is not None:
+                        break
+                if _is_control(pid):
+                    raise MpsError(f"{self.label}: the control daemon (pid {pid}) did not stop")
+                state = "stopped"
+            self._remove_pid_file()
+            if self.config.mps.exclusive_process:
+                self._compute_mode("DEFAULT")
+        return {**self._head(), "state": state, "pid": pid}
+
+    def status(self) -> dict[str, Any]:
+        pid = self.pid()
+        out: dict[str, Any] = {
+            **self._head(),
+            "state": "running" if pid is not None else "down",
+            "pid": pid,
+            "share": self.group.share_dict(),
+            "defaults": None,
+            "servers": None,
+        }
+        stale = _pid_file_value(self.pipe_dir)
+        if pid is None and stale is not None:
+            out["note"] = f"stale pid file: process {stale} is gone"
+        if pid is not None:
+            try:
+                out["defaults"] = {
+                    "active_thread_percentage": self.send(
+                        "get_default_active_thread_percentage"
+                    ).strip(),
+                    "pinned_memory_limit": {
+                        str(i): self.send(f"get_default_device_pinned_mem_limit {i}").strip()
+                        for i in range(len(self.group.gpus))
+                    },
+                }
+                servers = []
+                for server in self.send("get_server_list").split():
+                    clients = self.send(f"get_client_list {server}").split()
+                    servers.append(
+                        {"pid": int(server) if server.isdigit() else server, "clients": clients}
+                    )
+                out["servers"] = servers
+            except MpsError as exc:
+                out["error"] = str(exc)
+        if self.config.mps.exclusive_process:
+            try:
+                out["compute_modes"] = self._compute_modes()
+            except GpuhookError as exc:
+                out["error"] = str(exc)
+        return out
+
+    def _head(self) -> dict[str, Any]:
+        return {
+            "group": self.group.name,
+            "gpus": [{"index": g.index, "uuid": g.uuid} for g in self.group.gpus],
+            "pipe_dir": self.pipe_dir,
+            "log_dir": self.log_dir,
+        }
+
+    def _remove_pid_file(self) -> None:
+        try:
+            os.unlink(os.path.join(self.pipe_dir, PID_FILE))
+        except FileNotFoundError:
+            pass
+
+    def _compute_mode(self, mode: str) -> None:
+        from gpuhook.inventory import nvml, store
+
+        uuids = [g.uuid for g in self.group.gpus]
+        try:
+            nvml.set_compute_mode(
+                self.config.nvml_library, store.nvml_candidates(self.config), uuids, mode
+            )
+        except GpuhookError as exc:
+            raise MpsError(f"{self.label}: cannot set compute mode {mode}: {exc}") from None
+
+    def _compute_modes(self) -> dict[str, str]:
+        from gpuhook.inventory import nvml, store
+
+        modes = nvml.compute_modes(
+            self.config.nvml_library,
+            store.nvml_candidates(self.config),
+            [g.uuid for g in self.group.gpus],
+        )
+        return {str(g.index): modes.get(g.uuid, "?") for g in self.group.gpus}
+
+
+def _wait(probe: Any, timeout: float) -> Any:
+    """Poll ``probe()`` until it returns something other than None, or ``timeout`` passes."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value is not None or time.monotonic() >= deadline:
+            return value
+        time.sleep(0.02)
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+# --- what the CLI calls ---------------------------------------------------------------------------
+
+
+def daemons(config: Config, inventory: Inventory, names: tuple[str, ...]) -> list[Daemon]:
+    """The daemons of the groups named by group name, GPU index or UUID (all when empty)."""
+    from gpuhook import sharing
+
+    if not config.mps.enabled:
+        raise MpsError(f"no GPU is MPS-shared: set mps.gpus or mps.groups in {config.source}")
+    groups = sharing.resolve_groups(config.mps, inventory, config.source)
+    if not groups:
+        raise MpsError(f"no GPU of this node is MPS-shared by {config.source} (mps.gpus)")
+    return [Daemon(config, inventory, g) for g in sharing.select_groups(groups, names)]
+
+
+def node_state(config: Config, inventory: Inventory) -> dict[str, Any]:
+    """Per GPU index: MPS group and daemon state, for ``gpuhook inspect node`` (no subprocess).
+    ``{"error": ...}`` when the config does not fit the node."""
+    from gpuhook import sharing
+
+    if not config.mps.enabled:
+        return {"gpus": {}}
+    try:
+        groups = sharing.resolve_groups(config.mps, inventory, config.source)
+    except GpuhookError as exc:
+        return {"gpus": {}, "error": str(exc)}
+    out: dict[str, Any] = {}
+    for group in groups:
+        pipe = group.pipe_dir(config.mps.root)
+        pid = control_pid(pipe)
+        for gpu in group.gpus:
+            out[str(gpu.index)] = {
+                "group": group.name,
+                "daemon": "running" if pid is not None else "down",
+                "pid": pid,
+                "pipe_dir": pipe,
+            }
+    return {"gpus": out}

@@ -1,0 +1,239 @@
+"""The file side of ``gpuhook runtime configure|unconfigure``: read, plan, diff, back up, write.
+
+The edits themselves are pure (:mod:`gpuhook.registration`). Here: the engine's config file is
+read (a missing or empty file is a new one), the change is planned for every file involved (the
+main config and, for a containerd drop-in, the drop-in), and then either shown as a unified diff
+(``--dry-run``) or applied: each previous file is copied to ``<file>.gpuhook-backup-<UTC time>``,
+each new text is written atomically with the old file's mode, and the command names the service
+to restart. Nothing is written when nothing changes, and a malformed file is refused before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from typing import TYPE_CHECKING
+
+from gpuhook import log, registration
+from gpuhook.errors import RegistrationError, UsageError
+from gpuhook.fsutil import atomic_write
+from gpuhook.model import Frozen, _init
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+CONFIGURE = "configure"
+UNCONFIGURE = "unconfigure"
+BACKUP_MARK = ".gpuhook-backup-"
+
+
+class FileChange(Frozen):
+    """One file's planned change. ``after`` None: remove the file."""
+
+    __slots__ = ("after", "before", "path")
+    path: str
+    before: str | None
+    after: str | None
+
+    def __init__(self, path: str, before: str | None, after: str | None) -> None:
+        _init(self, path=path, before=before, after=after)
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+class Plan(Frozen):
+    __slots__ = ("action", "changes", "engine", "notes", "service")
+    engine: str
+    action: str
+    changes: tuple[FileChange, ...]
+    notes: tuple[str, ...]
+    service: str
+
+    def __init__(
+        self,
+        engine: str,
+        action: str,
+        changes: tuple[FileChange, ...],
+        notes: tuple[str, ...],
+        service: str,
+    ) -> None:
+        _init(self, engine=engine, action=action, changes=changes, notes=notes, service=service)
+
+    @property
+    def changed(self) -> bool:
+        return any(c.changed for c in self.changes)
+
+
+def read_text(path: str) -> str | None:
+    """The file's text, None when it does not exist. Raises OSError or RegistrationError."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise RegistrationError(f"{path}: is a directory, not a config file") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RegistrationError(
+            f"{path}: not UTF-8 text (byte {exc.start}); nothing written"
+        ) from None
+
+
+def containerd_major(binary: str = "containerd") -> int:
+    """The major version of the installed containerd (``containerd --version``), 1 if unknown."""
+    path = shutil.which(binary)
+    if not path:
+        return 1
+    try:
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=20, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 1
+    fields = out.split()
+    version = fields[2].lstrip("v") if len(fields) >= 3 else ""
+    major = version.split(".", 1)[0]
+    return int(major) if major.isdigit() else 1
+
+
+def plan(
+    engine: str,
+    action: str,
+    *,
+    config_path: str | None = None,
+    name: str = registration.DEFAULT_NAME,
+    runtime_path: str = registration.DEFAULT_RUNTIME_PATH,
+    set_default: bool = False,
+    drop_in: str | None = None,
+    new_version: Callable[[], int] | None = None,
+) -> Plan:
+    if engine not in registration.ENGINES:
+        raise UsageError(f"unknown runtime {engine!r} (docker or containerd)")
+    path = os.path.abspath(config_path or registration.DEFAULT_CONFIG[engine])
+    if action == CONFIGURE and not runtime_path.startswith("/"):
+        raise UsageError(f"--runtime-path {runtime_path!r}: give an absolute path")
+    if drop_in is not None:
+        if engine != registration.CONTAINERD:
+            raise UsageError("--drop-in: only containerd imports drop-in files")
+        drop_in = os.path.abspath(drop_in)
+        if drop_in == path:
+            raise UsageError("--drop-in: must be another file than --config")
+    before = read_text(path)
+    service = registration.SERVICE[engine]
+
+    def version() -> int:
+        major = (new_version or containerd_major)()
+        return 3 if major >= 2 else 2
+
+    if engine == registration.DOCKER:
+        if action == CONFIGURE:
+            edit = registration.docker_configure(
+                before, name=name, runtime_path=runtime_path, set_default=set_default, source=path
+            )
+        else:
+            edit = registration.docker_unconfigure(before, name=name, source=path)
+        return Plan(engine, action, (_change(path, before, edit),), edit.notes, service)
+
+    if drop_in is None:
+        if action == CONFIGURE:
+            edit = registration.containerd_configure(
+                before,
+                name=name,
+                runtime_path=runtime_path,
+                set_default=set_default,
+                source=path,
+                new_version=version() if not (before or "").strip() else 2,
+            )
+        else:
+            edit = registration.containerd_unconfigure(before, name=name, source=path)
+        return Plan(engine, action, (_change(path, before, edit),), edit.notes, service)
+
+    dropin_before = read_text(drop_in)
+    if action == CONFIGURE:
+        main_edit, dropin_edit = registration.containerd_dropin(
+            before,
+            dropin_before,
+            name=name,
+            runtime_path=runtime_path,
+            set_default=set_default,
+            source=path,
+            dropin_source=drop_in,
+            new_version=version() if not (before or "").strip() else 2,
+        )
+        changes = (_change(path, before, main_edit), _change(drop_in, dropin_before, dropin_edit))
+        notes = tuple(f"{path}: {n}" for n in main_edit.notes) + tuple(
+            f"{drop_in}: {n}" for n in dropin_edit.notes
+        )
+        return Plan(engine, action, changes, notes, service)
+    main_notes: tuple[str, ...] = ()
+    main_change = FileChange(path, before, before)
+    if before is not None and before.strip():
+        main_edit = registration.containerd_remove_import(before, drop_in, source=path)
+        main_change = _change(path, before, main_edit)
+        main_notes = tuple(f"{path}: {n}" for n in main_edit.notes)
+    dropin_notes = (f"removed {drop_in}",) if dropin_before is not None else ()
+    return Plan(
+        engine,
+        action,
+        (main_change, FileChange(drop_in, dropin_before, None)),
+        main_notes + dropin_notes,
+        service,
+    )
+
+
+def _change(path: str, before: str | None, edit: registration.Edit) -> FileChange:
+    return FileChange(path, before, edit.text if edit.changed else before)
+
+
+def render_diff(p: Plan) -> str:
+    out = []
+    for change in p.changes:
+        if change.changed:
+            out.append(
+                registration.unified_diff(change.before or "", change.after or "", change.path)
+            )
+    return "".join(out)
+
+
+def backup_path(path: str, now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    candidate = f"{path}{BACKUP_MARK}{stamp}"
+    n = 1
+    while os.path.lexists(candidate):
+        candidate = f"{path}{BACKUP_MARK}{stamp}.{n}"
+        n += 1
+    return candidate
+
+
+def apply(p: Plan) -> list[str]:
+    """Back up and write every changed file; return one line per file written or removed."""
+    lines: list[str] = []
+    logger = log.get_logger(engine=p.engine, action=p.action)
+    for change in p.changes:
+        if not change.changed:
+            continue
+        saved = ""
+        mode: int | None = None
+        if change.before is not None:
+            mode = os.stat(change.path).st_mode & 0o7777
+            saved = backup_path(change.path)
+            atomic_write(saved, change.before.encode("utf-8"), mode)
+        if change.after is None:
+            os.unlink(change.path)
+            lines.append(f"removed {change.path} (saved as {saved})")
+        else:
+            os.makedirs(os.path.dirname(change.path) or ".", mode=0o755, exist_ok=True)
+            atomic_write(change.path, change.after.encode("utf-8"), mode)
+            lines.append(
+                f"wrote {change.path}"
+                + (f" (previous file saved as {saved})" if saved else " (new file)")
+            )
+        logger.info("runtime registration written", path=change.path, backup=saved or None)
+    return lines

@@ -1,0 +1,112 @@
+"""The compiled config cache names the runtime that gpuhook-runtime execs as root, both from
+Python (compiled.json) and from the sh dispatcher (the ``runtime`` pointer). Only a cache written
+by root (or the running user) and writable by no one else is acted on (SECURITY.md, class E)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import testbed
+
+from gpuhook import config as config_mod
+from tests.conftest import FakeNode
+
+pytestmark = pytest.mark.root
+
+NOBODY = 65534
+RECORDER = "#!/bin/sh\necho {name} > {out}\nexit 42\n"
+
+
+def recorders(tmp_path: Path) -> tuple[str, str, Path]:
+    out = tmp_path / "who-ran.txt"
+    paths = []
+    for name in ("configured", "planted"):
+        path = tmp_path / name
+        path.write_text(RECORDER.format(name=name, out=out))
+        path.chmod(0o755)
+        paths.append(str(path))
+    return paths[0], paths[1], out
+
+
+def passthrough(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A non-create call: the sh dispatcher execs the cached runtime without Python."""
+    return subprocess.run(
+        [testbed.RUNTIME, "--root", "/r", "kill", "ctr", "9"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture
+def cached(node: FakeNode, tmp_path: Path) -> tuple[dict[str, str], Path, str, Path]:
+    """A config whose runtime is the 'configured' recorder, its cache compiled; returns the env,
+    the cache folder, the 'planted' recorder and the file both recorders write their name to."""
+    configured, planted, out = recorders(tmp_path)
+    env = node.variant(tmp_path, runtime={"path": configured})
+    assert passthrough(env).returncode == 42  # the first call compiles the cache
+    cache = Path(config_mod.cache_dir_for(env["GPUHOOK_CONFIG"]))
+    assert (cache / "runtime").read_text() == configured + "\n"
+    return env, cache, planted, out
+
+
+def test_the_runtime_pointer_is_used(cached: tuple[dict[str, str], Path, str, Path]) -> None:
+    """The control: a root-owned pointer is what the dispatcher execs."""
+    env, cache, planted, out = cached
+    (cache / "runtime").write_text(planted + "\n")
+    assert passthrough(env).returncode == 42
+    assert out.read_text() == "planted\n"
+
+
+@pytest.mark.parametrize("how", ["owner", "relative"])
+def test_an_untrusted_runtime_pointer_is_ignored(
+    cached: tuple[dict[str, str], Path, str, Path], how: str
+) -> None:
+    env, cache, planted, out = cached
+    pointer = cache / "runtime"
+    if how == "owner":
+        pointer.write_text(planted + "\n")
+        os.chown(pointer, NOBODY, NOBODY)
+    else:
+        pointer.write_text("planted\n")  # a bare name would be looked up in PATH
+        env = {**env, "PATH": f"{Path(planted).parent}:{os.environ['PATH']}"}
+    assert passthrough(env).returncode == 42
+    assert out.read_text() == "configured\n"
+
+
+def plant_compiled(cache: Path, planted: str) -> Path:
+    """Point compiled.json's runtime at ``planted`` and drop the sh pointer, so that the
+    dispatcher goes through Python, which reads compiled.json."""
+    compiled = cache / "compiled.json"
+    configured = str(Path(planted).parent / "configured")
+    text = compiled.read_text()
+    assert f'"runtime":"{configured}"' in text
+    compiled.write_text(text.replace(f'"runtime":"{configured}"', f'"runtime":"{planted}"'))
+    (cache / "runtime").unlink()
+    return compiled
+
+
+def test_the_compiled_config_is_used(cached: tuple[dict[str, str], Path, str, Path]) -> None:
+    env, cache, planted, out = cached
+    plant_compiled(cache, planted)
+    assert passthrough(env).returncode == 42
+    assert out.read_text() == "planted\n"
+
+
+@pytest.mark.parametrize("how", ["owner", "group-writable", "world-writable"])
+def test_an_untrusted_compiled_config_is_ignored(
+    cached: tuple[dict[str, str], Path, str, Path], how: str
+) -> None:
+    env, cache, planted, out = cached
+    compiled = plant_compiled(cache, planted)
+    if how == "owner":
+        os.chown(compiled, NOBODY, NOBODY)
+    else:
+        compiled.chmod(0o664 if how == "group-writable" else 0o646)
+    assert passthrough(env).returncode == 42
+    assert out.read_text() == "configured\n"  # recompiled from the config file itself

@@ -1,0 +1,530 @@
+"""The Debian package, end to end.
+
+* ``make deb`` in a clean copy of this checkout (no .venv, no build/) gives dist/gpuhook_*.deb
+  that lintian passes with no error and no warning beyond the ones README.md explains.
+* In a fresh Debian 12 root made with debootstrap, ``apt-get install ./gpuhook_*.deb`` pulls the
+  dependencies and the installed executables work; ``dpkg -r`` keeps only the conffiles and
+  state, ``dpkg -P`` leaves no file behind; a second install on a node with an NVIDIA driver
+  (the fake NVML library) refreshes the inventory in postinst.
+* On this host: ``dpkg -i``, real runc containers through /usr/bin/gpuhook-runtime on the fake
+  node, the integration suites again with GPUHOOK_TEST_EXECUTABLES=/usr/bin, a speed comparison
+  with build/bin/gpuhook-runtime, then ``dpkg -P`` and the host is as it was.
+
+The debootstrap root is cached as a tarball in build/debian-bookworm/ (with the downloaded
+packages), so a second run skips debootstrap; from nothing it needs network access to
+deb.debian.org.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import testbed
+
+from tests.conftest import Containers, make_fake_node
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = REPO / "build" / "debian-bookworm"
+MIRROR = "http://deb.debian.org/debian"
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+DEV_RUNTIME = str(REPO / "build" / "bin" / "gpuhook-runtime")
+# lintian warnings that remain, each explained in README.md ("Installing the Debian package").
+EXPECTED_LINTIAN_WARNINGS: set[str] = set()
+# What the package installs outside its Python folder (dpkg -c), and what it must never ship.
+INSTALLED = (
+    "/usr/bin/gpuhook",
+    "/usr/bin/gpuhook-runtime",
+    "/usr/bin/nvidia-container-runtime-hook",
+    "/etc/gpuhook/config.yaml",
+    "/etc/logrotate.d/gpuhook",
+    "/lib/systemd/system/gpuhook-inventory.service",
+    "/lib/systemd/system/gpuhook-inventory.path",
+    "/usr/lib/python3/dist-packages/gpuhook/_shim_entry.py",
+    "/usr/lib/python3/dist-packages/gpuhook/schemas/config.schema.json",
+    "/usr/lib/python3/dist-packages/gpuhook/_vendor/pynvml.py",
+    "/usr/share/man/man1/gpuhook.1.gz",
+    "/usr/share/man/man1/gpuhook-runtime.1.gz",
+    "/usr/share/doc/gpuhook/copyright",
+)
+# Paths a gpuhook package or its use may create on a host (checked absent after a purge).
+FOOTPRINT = (
+    "/etc/gpuhook",
+    "/var/lib/gpuhook",
+    "/var/log/gpuhook",
+    "/usr/bin/gpuhook",
+    "/usr/bin/gpuhook-runtime",
+    "/usr/bin/nvidia-container-runtime-hook",
+    "/etc/logrotate.d/gpuhook",
+    "/lib/systemd/system/gpuhook-inventory.service",
+    "/lib/systemd/system/gpuhook-inventory.path",
+    "/etc/systemd/system/multi-user.target.wants/gpuhook-inventory.service",
+    "/etc/systemd/system/paths.target.wants/gpuhook-inventory.path",
+    "/usr/lib/python3/dist-packages/gpuhook",
+    "/usr/share/doc/gpuhook",
+    "/usr/share/man/man1/gpuhook.1.gz",
+)
+# Suites that run again against the installed executables (a suite not in this checkout yet,
+# such as the docker end-to-end test, is picked up once it lands).
+INSTALLED_SUITES = (
+    "tests/integration/test_shim.py",
+    "tests/integration/test_leak_matrix.py",
+    "tests/integration/test_inventory.py",
+    "tests/integration/test_docker.py",
+)
+
+
+def sh(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    kw.setdefault("check", False)
+    kw.setdefault("timeout", 900)
+    return subprocess.run(argv, **kw)  # type: ignore[call-overload,no-any-return]  # noqa: PLW1510
+
+
+def debian_version() -> str:
+    out = sh(
+        "dpkg-parsechangelog", "-l", str(REPO / "packaging/deb/debian/changelog"), "-S", "Version"
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+# --- make deb ------------------------------------------------------------------------------------
+
+
+class Built:
+    def __init__(self, deb: Path, log: str) -> None:
+        self.deb = deb
+        self.log = log
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """``make deb`` in a copy of this checkout's files (tracked and untracked-not-ignored, as a
+    clean clone of a commit of this tree has them), made a git checkout as a clone is."""
+    copy = tmp_path_factory.mktemp("clone") / "gpuhook"
+    copy.mkdir()
+    files = sh("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=REPO)
+    assert files.returncode == 0, files.stderr
+    for name in filter(None, files.stdout.split("\0")):
+        src = REPO / name
+        if src.is_symlink() or src.is_file():
+            dest = copy / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest, follow_symlinks=False)
+    sh("git", "init", "-q", cwd=copy)
+    sh("git", "add", "-A", cwd=copy)
+    env = {"PATH": SYSTEM_PATH, "HOME": str(copy), "LC_ALL": "C.UTF-8"}
+    out = sh("make", "deb", cwd=copy, env=env)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    deb = copy / "dist" / f"gpuhook_{debian_version()}_all.deb"
+    assert deb.is_file(), out.stdout[-2000:]
+    return Built(deb, out.stdout + out.stderr)
+
+
+def test_make_deb_on_a_clean_copy_passes_lintian(built: Built) -> None:
+    tags = [line.split()[:3] for line in built.log.splitlines() if line[:2] in ("E:", "W:")]
+    assert [t for t in tags if t[0] == "E:"] == []
+    assert {t[2] for t in tags if t[0] == "W:"} == EXPECTED_LINTIAN_WARNINGS
+    lintian = sh("lintian", "--fail-on", "error,warning", str(built.deb), env={"PATH": SYSTEM_PATH})
+    assert lintian.returncode == (1 if EXPECTED_LINTIAN_WARNINGS else 0), lintian.stdout
+
+
+def test_deb_contents(built: Built) -> None:
+    listing = sh("dpkg-deb", "-c", str(built.deb)).stdout
+    paths = {line.split()[5].removeprefix(".") for line in listing.splitlines()}
+    for path in INSTALLED:
+        assert path in paths
+    units = {p.name for p in (REPO / "packaging" / "systemd").iterdir()}
+    shipped = {p.rsplit("/", 1)[1] for p in paths if p.startswith("/lib/systemd/system/")}
+    assert shipped - {""} == units
+    assert not [p for p in paths if "__pycache__" in p or p.endswith(".pyc")]
+    fields = sh("dpkg-deb", "-f", str(built.deb), "Depends", "Architecture").stdout
+    for dep in ("python3-click", "python3-yaml", "python3-jsonschema", "python3-structlog"):
+        assert dep in fields
+    assert "runc | crun" in fields and "Architecture: all" in fields
+    assert "pynvml" not in fields and "nvidia-ml-py" not in fields
+    control = Path(sh("mktemp", "-d").stdout.strip())
+    try:
+        assert sh("dpkg-deb", "-e", str(built.deb), str(control)).returncode == 0
+        assert (control / "conffiles").read_text().split() == [
+            "/etc/gpuhook/config.yaml",
+            "/etc/logrotate.d/gpuhook",
+        ]
+    finally:
+        shutil.rmtree(control)
+    extracted = Path(sh("mktemp", "-d").stdout.strip())
+    try:
+        assert sh("dpkg-deb", "-x", str(built.deb), str(extracted)).returncode == 0
+        runtime = (extracted / "usr/bin/gpuhook-runtime").read_text()
+        assert (
+            "exec /usr/bin/python3 -I -S /usr/lib/python3/dist-packages/gpuhook/_shim_entry.py"
+            in runtime
+        )
+        assert "@" not in runtime.replace("$@", "")
+        assert (extracted / "etc/gpuhook/config.yaml").read_bytes() == (
+            REPO / "config" / "config.yaml.example"
+        ).read_bytes()
+    finally:
+        shutil.rmtree(extracted)
+
+
+# --- a fresh Debian 12 root ----------------------------------------------------------------------
+
+
+def base_tarball() -> Path:
+    """A debootstrapped bookworm (minbase) with its apt lists, as a tarball in build/; made once
+    (under a lock) and reused. Downloaded .debs are kept in build/debian-bookworm/debs."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tarball = CACHE / "bookworm-minbase.tar"
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if tarball.exists():
+            return tarball
+        root = CACHE / "root.tmp"
+        if root.exists():
+            sh("umount", "-l", str(root / "proc"))
+            shutil.rmtree(root)
+        (CACHE / "debs").mkdir(exist_ok=True)
+        out = sh(
+            "debootstrap",
+            "--variant=minbase",
+            f"--cache-dir={CACHE / 'debs'}",
+            "bookworm",
+            str(root),
+            MIRROR,
+            env={"PATH": SYSTEM_PATH, "LC_ALL": "C.UTF-8"},
+        )
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        with Chroot(root) as chroot:
+            update = chroot.run("apt-get", "update", "-q")
+            assert update.returncode == 0, update.stdout + update.stderr
+        tmp = CACHE / "bookworm-minbase.tar.tmp"
+        out = sh("tar", "--numeric-owner", "-C", str(root), "-cf", str(tmp), ".")
+        assert out.returncode == 0, out.stderr
+        os.replace(tmp, tarball)
+        shutil.rmtree(root)
+    return tarball
+
+
+class Chroot:
+    """A Debian root with /proc mounted, apt's archive folder on the shared cache, no services
+    started (policy-rc.d) and the host's resolv.conf. Unmounts on exit."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.mounts: list[Path] = []
+
+    def __enter__(self) -> Chroot:
+        policy = self.root / "usr/sbin/policy-rc.d"
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+        shutil.copy(Path("/etc/resolv.conf").resolve(), self.root / "etc/resolv.conf")
+        self._mount("-t", "proc", "proc", target=self.root / "proc")
+        archives = CACHE / "archives"
+        (archives / "partial").mkdir(parents=True, exist_ok=True)
+        self._mount("--bind", str(archives), target=self.root / "var/cache/apt/archives")
+        return self
+
+    def _mount(self, *args: str, target: Path) -> None:
+        out = sh("mount", *args, str(target))
+        assert out.returncode == 0, out.stderr
+        self.mounts.append(target)
+
+    def __exit__(self, *exc: object) -> None:
+        for target in reversed(self.mounts):
+            if sh("umount", str(target)).returncode != 0:
+                sh("umount", "-l", str(target))
+        self.mounts.clear()
+
+    def run(
+        self, *argv: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        full = {
+            "PATH": SYSTEM_PATH,
+            "HOME": "/root",
+            "LC_ALL": "C.UTF-8",
+            "DEBIAN_FRONTEND": "noninteractive",
+            **(env or {}),
+        }
+        return sh("chroot", str(self.root), *argv, env=full, stdin=subprocess.DEVNULL)
+
+    def ok(self, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        out = self.run(*argv, env=env)
+        assert out.returncode == 0, f"{argv}: {out.stdout[-3000:]}{out.stderr[-3000:]}"
+        return out
+
+    def files(self) -> set[str]:
+        """Every path in the root (relative, no mount points' contents): a snapshot."""
+        skip = {self.root / "proc", self.root / "var/cache/apt/archives"}
+        found: set[str] = set()
+        for folder, dirs, names in os.walk(self.root):
+            here = Path(folder)
+            dirs[:] = [d for d in dirs if here / d not in skip]
+            for name in dirs + names:
+                found.add("/" + str((here / name).relative_to(self.root)))
+        return found
+
+
+# dpkg's and apt's own bookkeeping and logs: they record that a package came and went.
+BOOKKEEPING = (
+    "/var/lib/dpkg/",
+    "/var/lib/apt/",
+    "/var/cache/apt/",
+    "/var/cache/debconf/",
+    "/var/cache/ldconfig/",
+    "/var/log/",
+)
+
+
+def differences(left: set[str], right: set[str]) -> list[str]:
+    """Paths in one snapshot and not the other, bookkeeping aside."""
+    return sorted(p for p in left ^ right if not p.startswith(BOOKKEEPING))
+
+
+@contextlib.contextmanager
+def debian_root(folder: Path) -> Iterator[Chroot]:
+    """A fresh bookworm root in ``folder`` (from the cached tarball), set up for chroot."""
+    tarball = base_tarball()
+    folder.mkdir()
+    out = sh("tar", "--numeric-owner", "-C", str(folder), "-xpf", str(tarball))
+    assert out.returncode == 0, out.stderr
+    try:
+        with Chroot(folder) as chroot:
+            yield chroot
+    finally:
+        # About 300 MB each: removed, but only once nothing is mounted under it any more.
+        mounts = Path("/proc/self/mountinfo").read_text().split()
+        if not any(m == str(folder) or m.startswith(f"{folder}/") for m in mounts):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def fake_nvml_library(tmp_path: Path) -> Path:
+    """The fake node's libnvidia-ml (its data is embedded, with dev_root /)."""
+    node = make_fake_node(tmp_path / "node", "--gpus", "2")
+    found = sorted((node.root / "build").glob("libnvidia-ml.so.*.*"))
+    assert found, list((node.root / "build").iterdir())
+    return found[0]
+
+
+def test_install_use_remove_purge_in_a_fresh_debian_root(built: Built, tmp_path: Path) -> None:
+    with debian_root(tmp_path / "root") as chroot:
+        pulled, after_purge = install_use_remove_purge(chroot, built)
+        reinstall_on_a_node_with_a_driver(chroot, built, tmp_path)
+    # The same dependencies installed on their own in another fresh root: the root that had
+    # gpuhook installed, used, removed and purged must hold exactly the same files.
+    with debian_root(tmp_path / "baseline") as baseline:
+        shutil.copy(built.deb, baseline.root / "tmp" / built.deb.name)
+        baseline.ok("apt-get", "install", "-y", "-q", *sorted(pulled))
+        assert differences(after_purge, baseline.files()) == []
+
+
+def install_use_remove_purge(chroot: Chroot, built: Built) -> tuple[set[str], set[str]]:
+    """The packages apt installed besides gpuhook, and the root's files after the purge."""
+    shutil.copy(built.deb, chroot.root / "tmp" / built.deb.name)
+    before = {
+        p.split()[0]
+        for p in chroot.ok("dpkg-query", "-W", "-f", "${Package}\\n").stdout.split("\n")
+        if p
+    }
+
+    # apt pulls the dependencies from Debian.
+    install = chroot.ok("apt-get", "install", "-y", "-q", f"/tmp/{built.deb.name}")
+    status = chroot.ok("dpkg-query", "-W", "-f", "${Package} ${Status}\\n").stdout
+    installed = {line.split()[0] for line in status.splitlines() if line.endswith(" installed")}
+    for dep in (
+        "gpuhook",
+        "python3-click",
+        "python3-yaml",
+        "python3-jsonschema",
+        "python3-structlog",
+        "python3-tomlkit",
+        "runc",
+    ):
+        assert dep in installed
+    assert "no NVIDIA driver found: inventory not refreshed" in install.stdout
+    assert "/etc/gpuhook/config.yaml: valid (runtime /usr/sbin/runc)" in install.stdout
+    assert "gpuhook runtime configure --runtime docker --set-as-default" in install.stdout
+
+    # The installed executables work.
+    version = debian_version()  # a native package: the upstream version
+    assert chroot.ok("gpuhook", "--version").stdout == f"gpuhook {version}\n"
+    assert chroot.ok("gpuhook", "config", "validate").stdout == (
+        "/etc/gpuhook/config.yaml: valid (runtime /usr/sbin/runc)\n"
+    )
+    lines = chroot.ok("gpuhook-runtime", "--version").stdout.splitlines()
+    assert lines[0] == f"gpuhook-runtime {version} (gpuhook), wrapping /usr/sbin/runc"
+    assert lines[1].startswith("runc version")
+    hook = chroot.run("nvidia-container-runtime-hook", "prestart")
+    assert hook.returncode == 1 and "needs gpuhook-runtime" in hook.stderr
+    assert (
+        chroot.root / "etc/systemd/system/paths.target.wants/gpuhook-inventory.path"
+    ).is_symlink()
+    assert (chroot.root / "run/gpuhook/config/etc/gpuhook/config.yaml/runtime").read_text() == (
+        "/usr/sbin/runc\n"
+    )
+
+    # Removal keeps the conffiles and warns about a default runtime it would leave dangling.
+    daemon = chroot.root / "etc/docker/daemon.json"
+    daemon.parent.mkdir()
+    daemon_text = json.dumps(
+        {
+            "default-runtime": "gpuhook",
+            "runtimes": {"gpuhook": {"path": "/usr/bin/gpuhook-runtime"}},
+        }
+    )
+    daemon.write_text(daemon_text)
+    remove = chroot.ok("dpkg", "-r", "gpuhook")
+    warning = "gpuhook: WARNING: /etc/docker/daemon.json still makes gpuhook the default runtime"
+    assert f"{warning} of docker" in remove.stderr
+    assert daemon.read_text() == daemon_text
+    assert (chroot.root / "etc/gpuhook/config.yaml").is_file()
+    assert not (chroot.root / "usr/bin/gpuhook-runtime").exists()
+    assert not (chroot.root / "run/gpuhook").exists()
+    assert not (chroot.root / "usr/lib/python3/dist-packages/gpuhook").exists()
+    shutil.rmtree(daemon.parent)
+
+    # Purge leaves nothing of gpuhook.
+    chroot.ok("dpkg", "-P", "gpuhook")
+    after = chroot.files()
+    assert [p for p in after if "gpuhook" in p] == [f"/tmp/{built.deb.name}"]
+    return installed - before - {"gpuhook"}, after
+
+
+def reinstall_on_a_node_with_a_driver(chroot: Chroot, built: Built, tmp_path: Path) -> None:
+    # A node with an NVIDIA driver (the fake NVML library): postinst refreshes the inventory,
+    # through the vendored pynvml (Debian has no python3-pynvml).
+    lib = fake_nvml_library(tmp_path)
+    libdir = chroot.root / "usr/lib/x86_64-linux-gnu"
+    shutil.copy(lib, libdir / lib.name)
+    (libdir / "libnvidia-ml.so.1").symlink_to(lib.name)
+    chroot.ok("ldconfig")
+    with_driver = chroot.files()
+    install = chroot.ok("dpkg", "-i", f"/tmp/{built.deb.name}")
+    assert "/var/lib/gpuhook/inventory.json: 0 GPUs" in install.stdout, install.stdout
+    node = json.loads(chroot.ok("gpuhook", "inspect", "node", "-o", "json").stdout)
+    assert json.dumps(node).count("550.54.15") >= 1  # the fake driver's version
+    chroot.ok("dpkg", "-P", "gpuhook")
+    assert chroot.files() - with_driver == set()
+    assert with_driver - chroot.files() == set()
+
+
+# --- this host ---------------------------------------------------------------------------------
+
+
+def host_has_gpuhook_files() -> list[str]:
+    status = sh("dpkg-query", "-W", "-f", "${Status}", "gpuhook").stdout
+    present = [p for p in FOOTPRINT if os.path.lexists(p)]
+    present += [str(p) for p in Path("/usr/lib/python3/dist-packages").glob("gpuhook-*.dist-info")]
+    return (["package gpuhook: " + status] if "installed" in status else []) + present
+
+
+def timed_ms(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    out = subprocess.run(argv, env=env, capture_output=True, check=False)
+    elapsed = (time.perf_counter() - start) * 1000
+    assert out.returncode == 0, out.stderr
+    return elapsed
+
+
+def compare_ms(a: list[str], b: list[str], env: dict[str, str], runs: int) -> dict[str, float]:
+    """Run ``a`` and ``b`` alternately; the minimum (the cost without interference from other
+    load on the machine) and the median of each, in milliseconds."""
+    ta: list[float] = []
+    tb: list[float] = []
+    for i in range(runs):
+        for argv, times in ((a, ta), (b, tb)) if i % 2 else ((b, tb), (a, ta)):
+            times.append(timed_ms(argv, env))
+    return {
+        "deb_min": min(ta),
+        "dev_min": min(tb),
+        "deb_median": statistics.median(ta),
+        "dev_median": statistics.median(tb),
+    }
+
+
+def test_installed_on_this_host(built: Built, containers: Containers, tmp_path: Path) -> None:
+    leftovers = host_has_gpuhook_files()
+    if leftovers:
+        pytest.skip(f"this host already has gpuhook files, not touching them: {leftovers}")
+    try:
+        install = sh("dpkg", "-i", str(built.deb), env={"PATH": SYSTEM_PATH, "LC_ALL": "C.UTF-8"})
+        assert install.returncode == 0, install.stdout + install.stderr
+
+        # A real runc container through the installed gpuhook-runtime, on a fake node whose
+        # hooks are the installed gpuhook.
+        node = make_fake_node(tmp_path / "node", "--gpus", "2", "--hook-path", "/usr/bin/gpuhook")
+        refresh = subprocess.run(
+            ["/usr/bin/gpuhook", "inventory", "refresh"],
+            env={**os.environ, **node.env},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert refresh.returncode == 0, refresh.stderr
+        env = {**node.env}
+        gpu = containers.bundle(
+            args=("/bin/sh", "-c", testbed.PROBE), env=["NVIDIA_VISIBLE_DEVICES=1"]
+        )
+        out = containers.run(gpu, env, runtime="/usr/bin/gpuhook-runtime")
+        assert out.returncode == 0, out.stderr
+        seen = testbed.parse_probe(out.stdout)
+        assert "/dev/nvidia1" in seen["dev"] and "/dev/nvidia0" not in seen["dev"]
+        assert seen["env"]["NVIDIA_VISIBLE_DEVICES"] == node.truth["gpus"][1]["uuid"]
+        assert any("libcuda.so.1" in line for line in seen["ldconfig"])  # the installed hook ran
+        plain = containers.bundle(args=("/bin/sh", "-c", testbed.PROBE))
+        out = containers.run(plain, env, runtime="/usr/bin/gpuhook-runtime")
+        assert out.returncode == 0, out.stderr
+        assert testbed.parse_probe(out.stdout)["dev"] == []
+
+        # The integration suites again, against the installed executables.
+        suites = [s for s in INSTALLED_SUITES if (REPO / s).exists()]
+        rerun = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *suites],
+            cwd=REPO,
+            env={**os.environ, "GPUHOOK_TEST_EXECUTABLES": "/usr/bin"},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=1800,
+        )
+        assert rerun.returncode == 0, rerun.stdout[-6000:] + rerun.stderr[-3000:]
+
+        # Not slower than the development dispatcher: --version, the create of a container
+        # without a GPU request (the shim's hot path) and a passthrough call (the "runtime" is
+        # /bin/true, so only gpuhook's own cost is timed), alternately.
+        timing_env = node.variant(tmp_path / "timing", runtime={"path": "/bin/true"})
+        timing_env = {"PATH": SYSTEM_PATH, **timing_env}
+        cases = {
+            "version": ["--version"],
+            "create": ["create", "--bundle", str(plain), "timing"],
+            "passthrough": ["state", "timing"],  # sh execs the cached runtime, no Python
+        }
+        figures = {
+            case: compare_ms(
+                ["/usr/bin/gpuhook-runtime", *args], [DEV_RUNTIME, *args], timing_env, 40
+            )
+            for case, args in cases.items()
+        }
+        (REPO / "build").mkdir(exist_ok=True)
+        (REPO / "build" / "deb-timings.json").write_text(json.dumps(figures, indent=2) + "\n")
+        print("gpuhook-runtime, deb vs development (ms):", json.dumps(figures))
+        for case, f in figures.items():
+            assert f["deb_min"] <= f["dev_min"] * 1.15 + 1.5, (case, figures)
+    finally:
+        purge = sh("dpkg", "-P", "gpuhook", env={"PATH": SYSTEM_PATH, "LC_ALL": "C.UTF-8"})
+    assert purge.returncode == 0, purge.stdout + purge.stderr
+    assert host_has_gpuhook_files() == []

@@ -1,0 +1,440 @@
+"""Property-based fuzzing of every parser that reads input gpuhook did not write itself.
+
+The spec parser and the request parser (config.json comes from the engine, its env and
+annotations from image and pod authors), the whole decision pipeline on those specs, the kubelet
+checkpoint reader, the config loader, the inventory reader and the OCI state parser (hooks read it
+on stdin). Each is fed arbitrary bytes, arbitrary JSON/YAML and structured near-misses. The only
+exception allowed out is one of gpuhook's own :class:`GpuhookError` subclasses, and its message is
+one line: a traceback on the create path would be both a blocked container and an unreadable
+error. ``GPUHOOK_FUZZ_EXAMPLES`` scales every test (CI runs the default: a few thousand cases in
+total, in well under a minute).
+
+Found by these tests and fixed (SECURITY.md, "Found and fixed"; regression tests in
+test_hardening.py): a ``mounts`` that is not a list, and mount destinations or device paths that
+are not strings, crashed the request parser and the edits; non-ASCII digits (``'\u00b2'``)
+crashed device-id resolution; a damaged inventory crashed the inventory reader; YAML keys that
+are not strings, invalid dates and deep nesting (a segfault in libyaml's C loader) crashed the
+config loader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from gpuhook import _fastjson, devices, edits, kubelet, ocispec, pipeline, request
+from gpuhook import config as config_mod
+from gpuhook.errors import CheckpointError, ConfigError, GpuhookError, InventoryError, describe
+from gpuhook.inventory import store
+from gpuhook.kubelet import Allocation
+from tests import factories as f
+
+EXAMPLES = int(os.environ.get("GPUHOOK_FUZZ_EXAMPLES", "500"))
+
+
+def fuzz(scale: float = 1.0) -> Any:
+    return settings(
+        max_examples=max(10, int(EXAMPLES * scale)),
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+def one_line(exc: GpuhookError) -> None:
+    code, message = describe(exc)
+    assert "\n" not in message and message.strip() == message and message
+    assert code in (1, 2)
+
+
+# --- strategies -----------------------------------------------------------------------------------
+
+UUIDS = [f.gpu_uuid(i) for i in range(8)] + [f.mig_uuid(6, m) for m in range(3)]
+IDS = [
+    "0",
+    "7",
+    "8",
+    "all",
+    "ALL",
+    "none",
+    "void",
+    "",
+    " 1 , 1 ",
+    "all,0",
+    "0,none",
+    "6:1",
+    "6:9",
+    "0:0",
+    "nvidia.com/gpu=1",
+    "nvidia.com/gpu=all",
+    "nvidia.com/mig=6:0",
+    "amd.com/gpu=0",
+    "vendor.com/x=../../etc",
+    "../..",
+    "GPU-nope",
+    "MIG-GPU-x/1/0",
+    "0\n1",
+    ",".join(str(i % 9) for i in range(10_000)),
+    *UUIDS,
+    UUIDS[2].upper(),
+    UUIDS[3] + "::2",
+]
+ids = st.sampled_from(IDS) | st.text(max_size=12)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+)
+json_values = st.recursive(
+    scalars,
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+def maybe(strategy: Any) -> Any:
+    """The expected shape most of the time (4 in 5), anything JSON otherwise."""
+    return st.one_of(strategy, strategy, strategy, strategy, json_values)
+
+
+env_entry = (
+    st.builds(lambda v: f"NVIDIA_VISIBLE_DEVICES={v}", ids)
+    | st.builds(
+        lambda v: f"NVIDIA_DRIVER_CAPABILITIES={v}",
+        st.sampled_from(["all", "compute", "compute,utility", "video,bogus", "", "ALL"]),
+    )
+    | st.sampled_from(["PATH=/bin", "LD_PRELOAD=/x.so", "NVIDIA_VISIBLE_DEVICES", "=x", ""])
+    | st.text(max_size=10)
+)
+mount = st.fixed_dictionaries(
+    {},
+    optional={
+        "destination": maybe(
+            st.builds(
+                lambda root, i: root + i,
+                st.sampled_from([*request.MARKER_ROOTS, "/var/run/nvidia-container-devices"]),
+                ids,
+            )
+        ),
+        "source": maybe(st.sampled_from(["/dev/null", "/dev//null", "/tmp/empty-dir", "null"])),
+        "type": maybe(st.sampled_from(["bind", "tmpfs"])),
+        "options": maybe(st.lists(st.sampled_from(["ro", "bind", "rbind"]))),
+    },
+)
+K8S_KEYS = [
+    "io.kubernetes.cri.container-type",
+    "io.kubernetes.cri.sandbox-uid",
+    "io.kubernetes.cri.container-name",
+    "io.kubernetes.pod.uid",
+    "io.kubernetes.cri-o.ContainerType",
+]
+DOCKER_HOOK = {"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["x", "prestart"]}
+
+
+@st.composite
+def spec_dicts(draw: st.DrawFn) -> dict[str, Any]:
+    """A spec that usually carries one or more GPU requests, through any channel, in any shape;
+    some part of it is replaced by arbitrary JSON one time in three."""
+    env = draw(st.lists(env_entry, max_size=3))
+    if draw(st.booleans()):
+        env.append(f"NVIDIA_VISIBLE_DEVICES={draw(ids)}")
+    annotations: dict[str, Any] = {}
+    if draw(st.booleans()):
+        annotations.update(f.k8s(ctype=draw(st.sampled_from(["container", "sandbox", "x"]))))
+    for key in draw(st.lists(st.sampled_from([*K8S_KEYS, "gpuhook.io/x"]), max_size=2)):
+        annotations[key] = draw(st.sampled_from(["sandbox", "pod-uid-1", "main", ""]))
+    for _ in range(draw(st.integers(0, 2))):
+        annotations[f"cdi.k8s.io/{draw(st.text(max_size=4))}"] = draw(ids)
+    mounts: list[Any] = []
+    for _ in range(draw(st.integers(0, 2))):
+        mounts.append(draw(mount))
+    hooks = {"prestart": [DOCKER_HOOK]} if draw(st.integers(0, 4)) == 0 else None
+    spec = f.spec(
+        env=env,
+        annotations=annotations,
+        mounts=mounts,
+        hooks=hooks,
+        privileged=draw(st.integers(0, 3)) == 0,
+    )
+    if draw(st.integers(0, 2)) == 0:  # damage one part of it
+        where = draw(
+            st.sampled_from(
+                [
+                    ("process",),
+                    ("process", "env"),
+                    ("process", "capabilities"),
+                    ("process", "capabilities", "bounding"),
+                    ("annotations",),
+                    ("mounts",),
+                    ("hooks",),
+                    ("linux",),
+                    ("linux", "resources"),
+                    ("linux", "resources", "devices"),
+                    ("root",),
+                ]
+            )
+        )
+        node = spec
+        for key in where[:-1]:
+            node = node.setdefault(key, {}) if isinstance(node.get(key), dict) else {}
+        node[where[-1]] = draw(json_values)
+    if draw(st.integers(0, 4)) == 0 and isinstance(spec.get("process"), dict):
+        env_list = spec["process"].get("env")
+        if isinstance(env_list, list):
+            env_list.append(draw(json_values))
+    return spec
+
+
+allocations = st.lists(st.sampled_from([*UUIDS, "GPU-gone", "3"]), max_size=3)
+
+
+def _dump(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+# --- the spec, the request, and the whole pipeline -----------------------------------------------
+
+INVENTORY = f.inventory(8, {6: 3})
+
+
+@fuzz(2)
+@given(st.binary(max_size=300) | json_values.map(_dump) | spec_dicts().map(_dump))
+def test_spec_and_request_parsers_raise_only_gpuhook_errors(raw: bytes) -> None:
+    try:
+        spec = ocispec.parse(raw, "/bundle")
+        req = request.parse(spec)
+    except GpuhookError as exc:
+        one_line(exc)
+        return
+    if not request.may_request_gpu(raw):  # the hot path's byte pre-check stays sound
+        assert not req.channels
+
+
+@fuzz(4)
+@given(spec_dicts(), allocations, st.sampled_from(["verify", "trust", "ignore"]), st.booleans())
+def test_pipeline_raises_only_gpuhook_errors_and_never_grants_beyond_policy(
+    spec: dict[str, Any], allocated: list[str], k8s_mode: str, standalone_trust: bool
+) -> None:
+    config = f.config(
+        policy__kubernetes__env_requests=k8s_mode,
+        policy__standalone__env_requests="trust" if standalone_trust else "ignore",
+    )
+
+    def checkpoint(_path: str, uid: str, name: str) -> Allocation:
+        return Allocation(uid, name, (("nvidia.com/gpu", tuple(allocated)),), "cp")
+
+    try:
+        outcome = pipeline.run(
+            spec, config, inventory_source=lambda _c: INVENTORY, checkpoint_source=checkpoint
+        )
+    except GpuhookError as exc:
+        event(type(exc).__name__)
+        one_line(exc)
+        return
+    decision, req = outcome.decision, outcome.request
+    event(f"channel={decision.channel} granted={bool(decision.devices)}")
+    ocispec.dumps(outcome.spec)  # what is written back is always valid JSON
+    assert edits.apply(outcome.spec, outcome.edits) == outcome.spec  # idempotent
+    granted = {d.uuid for d in decision.devices}
+    if decision.channel == "env" and req.kubernetes is not None and not req.privileged:
+        if k8s_mode == "ignore" or req.kubernetes.container_type == "sandbox":
+            assert not granted and not decision.injects
+        elif k8s_mode == "verify":
+            refs, _ = devices.resolve(tuple(allocated), INVENTORY)
+            assert granted <= {r.uuid for r in refs}
+    if decision.channel == "env" and req.kubernetes is None and not req.privileged:
+        assert standalone_trust or not decision.injects
+    if not decision.injects:  # nothing mounted, no device, no hook
+        assert not outcome.edits.device_nodes and not outcome.edits.mounts
+        assert not outcome.edits.hooks
+
+
+# --- the kubelet checkpoint -----------------------------------------------------------------------
+
+entry = st.fixed_dictionaries(
+    {},
+    optional={
+        "PodUID": maybe(st.sampled_from(["u", "v"])),
+        "ContainerName": maybe(st.sampled_from(["c", "d"])),
+        "ResourceName": maybe(st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "x"])),
+        "DeviceIDs": maybe(
+            st.lists(maybe(st.sampled_from(UUIDS)), max_size=3)
+            | st.dictionaries(
+                st.sampled_from(["0", "1"]),
+                maybe(st.lists(maybe(st.sampled_from(UUIDS) | st.text(max_size=6)), max_size=3)),
+            )
+        ),
+    },
+)
+checkpoints = st.fixed_dictionaries(
+    {},
+    optional={
+        "Data": maybe(
+            st.fixed_dictionaries(
+                {}, optional={"PodDeviceEntries": maybe(st.lists(maybe(entry), max_size=4))}
+            )
+        ),
+        "Checksum": json_values,
+    },
+)
+
+
+@fuzz(2)
+@given(st.binary(max_size=300) | json_values.map(_dump) | checkpoints.map(_dump))
+def test_checkpoint_reader_raises_only_checkpoint_errors(raw: bytes) -> None:
+    try:
+        allocation = kubelet.allocation_from_bytes(raw, "/cp", "u", "c")
+    except CheckpointError as exc:
+        one_line(exc)
+        return
+    assert all(isinstance(i, str) for i in allocation.device_ids)
+    assert all(r.startswith("nvidia.com/") for r, _ in allocation.resources)
+
+
+# --- the config loader ----------------------------------------------------------------------------
+
+config_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "driver_root": maybe(st.sampled_from(["/", "/run/nvidia/driver", "rel"])),
+        "log": maybe(st.fixed_dictionaries({}, optional={"level": maybe(st.just("debug"))})),
+        "inject": maybe(
+            st.fixed_dictionaries(
+                {},
+                optional={"default_capabilities": maybe(st.lists(st.sampled_from(["compute"])))},
+            )
+        ),
+        "policy": maybe(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "kubernetes": maybe(
+                        st.fixed_dictionaries({}, optional={"env_requests": maybe(ids)})
+                    )
+                },
+            )
+        ),
+    },
+)
+YAML_SNIPPETS = [
+    "a: 2001-13-45\n",
+    "2001-12-14: 1\n",
+    "? [a]\n: 1\n",
+    "? {a: 1}\n: 1\n",
+    "? !!set {a}\n: 1\n",
+    "{1: 2, 'a': 3}\n",
+    "log: {1: 2}\n",
+    "null: 1\n",
+    "x: !!binary '@@'\n",
+    "x: !!python/object/apply:os.system ['true']\n",
+    "a: &a [*a]\n",
+    "log: &a {x: *a}\n",
+    "inject: &a {lib_dir: *a}\n",
+    "[" * 5000,
+    "- " * 5000,
+    "{a: " * 5000,
+    "[" * 60_000 + "]" * 60_000,
+    "a: *unknown\n",
+    "%YAML 9.9\n---\na: 1\n",
+    "--- 1\n--- 2\n",
+    "\ufeffdriver_root: /\n",
+    "driver_root: !!float 1\n",
+    "log:\n  file: relative\n",
+]
+
+
+def _load_config(raw: bytes) -> None:
+    try:
+        config_mod.validate_data("/c.yaml", config_mod.parse_yaml("/c.yaml", raw))
+    except ConfigError as exc:
+        one_line(exc)
+        assert str(exc).startswith("invalid config /c.yaml: ")
+
+
+@pytest.mark.parametrize("text", YAML_SNIPPETS)
+def test_config_loader_known_nasties(text: str) -> None:
+    _load_config(text.encode())
+
+
+@fuzz(2)
+@given(
+    st.binary(max_size=200)
+    | st.text(max_size=200).map(str.encode)
+    | json_values.map(lambda v: yaml.safe_dump(v).encode())
+    | config_like.map(lambda v: yaml.safe_dump(v).encode())
+    | st.lists(st.sampled_from(YAML_SNIPPETS), min_size=1, max_size=3).map(
+        lambda parts: "".join(p[:300] for p in parts).encode()
+    )
+)
+def test_config_loader_raises_only_config_errors(raw: bytes) -> None:
+    _load_config(raw)
+
+
+# --- the inventory file and the OCI state on a hook's stdin ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def inventory_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("inv") / "inventory.json"
+
+
+@fuzz(1)
+@given(
+    raw=st.binary(max_size=200)
+    | json_values.map(_dump)
+    | st.builds(
+        lambda d, k, v: _dump({**d, k: v}),
+        st.just(INVENTORY.to_dict()),
+        st.sampled_from(list(INVENTORY.to_dict())),
+        json_values,
+    )
+)
+def test_inventory_reader_raises_only_inventory_errors(inventory_file: Path, raw: bytes) -> None:
+    inventory_file.write_bytes(raw)
+    config = f.config(inventory__path=str(inventory_file))
+    try:
+        store.read(config)
+    except InventoryError as exc:
+        one_line(exc)
+
+
+@fuzz(1)
+@given(
+    st.binary(max_size=200)
+    | json_values.map(_dump)
+    | st.fixed_dictionaries({"bundle": maybe(st.text(max_size=10))}, optional={"id": scalars}).map(
+        _dump
+    )
+)
+def test_oci_state_parser_raises_only_spec_errors(raw: bytes) -> None:
+    try:
+        state = ocispec.parse_state(raw)
+    except GpuhookError as exc:
+        one_line(exc)
+        return
+    assert isinstance(state["bundle"], str)
+
+
+def test_deep_json_is_one_line() -> None:
+    for raw in (b"[" * 200_000, b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 100_000):
+        with pytest.raises(GpuhookError) as info:
+            request.parse(ocispec.parse(raw, "/b"))
+        one_line(info.value)
+    deep: Any = "x"
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(GpuhookError):
+        ocispec.dumps({"a": deep})
+    with pytest.raises(ValueError):
+        _fastjson.dumps(deep)

@@ -1,0 +1,281 @@
+"""Decision records: every shape validates against the shipped JSON Schema, writing one never
+raises, finding one by id or prefix, and gc of the links of deleted containers."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from gpuhook import containers, pipeline, records, request
+from gpuhook.config import Config
+from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
+from gpuhook.kubelet import Allocation
+from tests import factories as f
+
+VALIDATOR = jsonschema.Draft7Validator(containers.schema())
+
+
+def schema_errors(record: dict[str, Any]) -> list[str]:
+    return [f"{list(e.absolute_path)}: {e.message}" for e in VALIDATOR.iter_errors(record)]
+
+
+def decide(spec: dict[str, Any], allocated: tuple[str, ...] = ()) -> pipeline.Outcome:
+    def checkpoint(path: str, uid: str, name: str) -> Allocation:
+        return Allocation(uid, name, (("nvidia.com/gpu", allocated),) if allocated else (), path)
+
+    return pipeline.run(
+        spec,
+        f.config(),
+        inventory_source=lambda _c: f.inventory(mig={6: 2}),
+        checkpoint_source=checkpoint,
+    )
+
+
+def build(outcome: pipeline.Outcome | None, **kw: Any) -> dict[str, Any]:
+    return records.build(
+        "c1", "/b/c1", outcome, runtime="/usr/sbin/runc", root="/run/r", config="/c.yaml", **kw
+    )
+
+
+HOOK = {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["x"]}]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "allocated", "devices", "refused", "verdict"),
+    [
+        (f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"]), (), ["1"], False, "granted"),
+        (f.spec(env=["NVIDIA_VISIBLE_DEVICES=6:1"]), (), ["6:1"], False, "granted"),
+        (f.spec(env=["NVIDIA_VISIBLE_DEVICES=none"]), (), [], False, "granted"),
+        (
+            f.spec(env=["NVIDIA_VISIBLE_DEVICES=all"], hooks=HOOK),
+            (),
+            [str(i) for i in range(8)],
+            False,
+            "granted",
+        ),
+        (f.spec(env=["NVIDIA_VISIBLE_DEVICES=all"], annotations=f.k8s()), (), [], True, "refused"),
+        (
+            f.spec(env=["NVIDIA_VISIBLE_DEVICES=all"], annotations=f.k8s()),
+            (f.gpu_uuid(2),),
+            ["2"],
+            False,
+            "granted",
+        ),
+        (
+            f.spec(
+                env=["NVIDIA_VISIBLE_DEVICES=3"],
+                annotations={**f.k8s(), "cdi.k8s.io/x": "nvidia.com/gpu=1"},
+            ),
+            (),
+            ["1"],
+            False,
+            "granted",
+        ),
+    ],
+)
+def test_decided_records_follow_the_schema(
+    spec: dict[str, Any],
+    allocated: tuple[str, ...],
+    devices: list[str],
+    refused: bool,
+    verdict: str,
+) -> None:
+    out = decide(spec, allocated)
+    record = build(out)
+    assert schema_errors(record) == []
+    assert [d["id"] for d in record["decision"]["devices"]] == devices
+    assert record["decision"]["refused"] is refused
+    assert record["decision"]["reasons"][0]["verdict"] == verdict
+    assert record["runtime"] == {"path": "/usr/sbin/runc", "root": "/run/r"}
+    assert record["mps"] is None
+    # what was injected is what the spec got
+    env = out.spec["process"]["env"]
+    assert all(e in env for e in record["edits"]["env"])
+    paths = [d["path"] for d in record["edits"]["deviceNodes"]]
+    assert [p for p in paths if p.startswith("/dev/nvidia") and p[11:].isdigit()] == [
+        f"/dev/nvidia{d.split(':')[0]}" for d in devices
+    ]
+    assert json.loads(json.dumps(record)) == record  # plain JSON
+
+
+def test_undecided_records_follow_the_schema() -> None:
+    unparsed = build(None, note="no GPU marker in config.json")
+    assert schema_errors(unparsed) == []
+    assert unparsed["request"] is None and unparsed["kubernetes"] is None
+    assert unparsed["decision"]["reasons"][0]["why"] == "no GPU marker in config.json"
+    parsed = build(None, request=request.parse(f.spec(annotations=f.k8s())))
+    assert schema_errors(parsed) == []
+    assert parsed["kubernetes"]["pod_name"] == "trainer"
+    assert parsed["request"]["channels"] == []
+    assert parsed["decision"]["reasons"][0]["why"] == records.NO_REQUEST
+
+
+def test_the_schema_rejects_what_is_not_a_record() -> None:
+    good = build(decide(f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"])))
+    for broken in (
+        {k: v for k, v in good.items() if k != "decision"},
+        {**good, "decision": {**good["decision"], "reasons": []}},
+        {**good, "decision": {**good["decision"], "channel": "telepathy"}},
+        {**good, "unexpected": 1},
+        {**good, "runtime": "/usr/sbin/runc"},
+    ):
+        assert schema_errors(broken)
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def state_config(state_dir: Path) -> Config:
+    return f.config(state_dir=str(state_dir))
+
+
+def write_record(config: Config, cid: str, bundle: Path, ts: float | None = None) -> dict[str, Any]:
+    bundle.mkdir(parents=True, exist_ok=True)
+    out = decide(f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"]))
+    record = records.build(cid, str(bundle), out, runtime="/usr/sbin/runc", root="/run/r")
+    if ts is not None:
+        record["timestamp"] = ts
+    assert records.write(config, cid, str(bundle), record) == ""
+    return record
+
+
+def test_write_links_the_record_and_relinks_a_reused_id(tmp_path: Path) -> None:
+    config = state_config(tmp_path / "state")
+    write_record(config, "abc", tmp_path / "b1")
+    link = tmp_path / "state" / "containers" / "abc.json"
+    assert os.readlink(link) == str(tmp_path / "b1" / records.RECORD_NAME)
+    write_record(config, "abc", tmp_path / "b2")
+    assert os.readlink(link) == str(tmp_path / "b2" / records.RECORD_NAME)
+    assert sorted(os.listdir(link.parent)) == ["abc.json"]
+
+
+def test_write_failures_are_one_line_never_exceptions(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config = state_config(blocker / "state")  # a file where a folder should be
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    record = build(None)
+    failure = records.write(config, "c1", str(bundle), record)
+    assert failure.startswith(f"cannot link decision record {blocker}/state/containers/c1.json")
+    assert "\n" not in failure
+    assert (bundle / records.RECORD_NAME).exists()  # the record itself is there
+    gone = records.write(state_config(tmp_path / "s"), "c1", str(tmp_path / "nope"), record)
+    assert gone.startswith(f"cannot write decision record {tmp_path}/nope/")
+    assert records.write(config, "../x", str(bundle), record).startswith("container id '../x'")
+
+
+# --- finding ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> Config:
+    config = state_config(tmp_path / "state")
+    now = time.time()
+    for i, cid in enumerate(("aaa111", "aaa222", "bbb333")):
+        write_record(config, cid, tmp_path / cid, ts=now - 100 + i)
+    return config
+
+
+def test_find_by_id_and_unique_prefix(three: Config) -> None:
+    assert containers.find(three, "aaa111").container_id == "aaa111"
+    entry = containers.find(three, "bb")
+    assert entry.container_id == "bbb333" and entry.record is not None
+    assert entry.record["container_id"] == "bbb333"
+
+
+def test_ambiguous_prefix_is_one_line_naming_the_candidates(three: Config) -> None:
+    with pytest.raises(AmbiguousIdError) as info:
+        containers.find(three, "aaa")
+    assert str(info.value) == (
+        "container id prefix 'aaa' matches 2 records: aaa111, aaa222; give more characters"
+    )
+    assert info.value.exit_code == 2
+
+
+def test_no_record_says_why_and_how_to_get_one(three: Config, tmp_path: Path) -> None:
+    with pytest.raises(RecordNotFoundError) as info:
+        containers.find(three, "zzz")
+    line = str(info.value)
+    assert line.startswith(f"no decision record for container 'zzz' in {three.records_dir}: ")
+    assert "created by another runtime or before gpuhook became the engine's runtime" in line
+    assert "gpuhook runtime configure --runtime docker|containerd --set-as-default" in line
+    empty = state_config(tmp_path / "empty")
+    with pytest.raises(RecordNotFoundError, match="does not exist, so gpuhook-runtime has not"):
+        containers.find(empty, "zzz")
+
+
+def test_a_deleted_container_is_reported_as_deleted(three: Config, tmp_path: Path) -> None:
+    (tmp_path / "bbb333" / records.RECORD_NAME).unlink()
+    (tmp_path / "bbb333").rmdir()
+    with pytest.raises(RecordNotFoundError) as info:
+        containers.find(three, "bbb")
+    assert str(info.value) == (
+        f"container bbb333 was deleted: its bundle {tmp_path}/bbb333 is gone, and its decision "
+        "record with it (gpuhook gc removes the stale link)"
+    )
+    entries = containers.scan(three.records_dir)
+    assert [(e.container_id, e.state) for e in entries] == [
+        ("aaa111", "live"),
+        ("aaa222", "live"),
+        ("bbb333", "deleted"),  # ordered by its link's age: the record is gone
+    ]
+
+
+# --- gc -------------------------------------------------------------------------------------------
+
+
+def test_gc_removes_links_of_deleted_containers_only(tmp_path: Path) -> None:
+    config = state_config(tmp_path / "state")
+    old = time.time() - 3600
+    for cid in ("alive", "gone", "unknown", "dangling"):
+        write_record(config, cid, tmp_path / cid, ts=old)
+    write_record(config, "fresh", tmp_path / "fresh")
+    (tmp_path / "dangling" / records.RECORD_NAME).unlink()
+    folder = Path(config.records_dir)
+    leftover = folder / "x.json.123.tmp"
+    os.symlink("/nowhere", leftover)
+    os.utime(leftover, (old, old), follow_symlinks=False)
+    asked: list[tuple[str, str, str]] = []
+
+    def probe(runtime: str, root: str, cid: str) -> tuple[bool | None, str]:
+        asked.append((runtime, root, cid))
+        return {"alive": (True, "alive"), "gone": (False, "not in runc state")}.get(
+            cid, (None, "cannot tell: runc not found")
+        )
+
+    before = sorted(os.listdir(folder))
+    dry = containers.gc(config, dry_run=True, probe=probe)
+    assert sorted(os.listdir(folder)) == before
+    report = containers.gc(config, probe=probe)
+    for r in (dry, report):
+        assert sorted(i.container_id for i in r.removed) == ["dangling", "gone", "x.json.123.tmp"]
+        kept = {i.container_id: i.reason for i in r.items if not i.removed}
+        assert kept["unknown"] == "kept: cannot tell: runc not found"
+        assert kept["fresh"].startswith("kept: created 0s ago, too recent to judge")
+        assert r.live == 1
+    assert sorted(os.listdir(folder)) == ["alive.json", "fresh.json", "unknown.json"]
+    assert ("/usr/sbin/runc", "/run/r", "alive") in asked  # the runtime the record names
+    assert "fresh" not in {a[2] for a in asked} and "dangling" not in {a[2] for a in asked}
+
+
+def test_runtime_state_needs_two_witnesses(tmp_path: Path) -> None:
+    fake = tmp_path / "runc"
+    fake.write_text('#!/bin/sh\n[ "$3" = state ] && [ "$4" = alive ] && exit 0\nexit 1\n')
+    fake.chmod(0o755)
+    root = tmp_path / "root"
+    (root / "half").mkdir(parents=True)
+    assert containers.runtime_state(str(fake), str(root), "alive")[0] is True
+    state, why = containers.runtime_state(str(fake), str(root), "gone")
+    assert state is False and why.startswith(f"not in runc state (root {root})")
+    assert containers.runtime_state(str(fake), str(root), "half")[0] is None
+    assert containers.runtime_state(str(tmp_path / "nope"), str(root), "x") == (
+        None,
+        f"cannot tell: runtime {tmp_path}/nope not found",
+    )

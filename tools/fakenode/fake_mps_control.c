@@ -1,0 +1,383 @@
+/*
+ * Fake nvidia-cuda-mps-control for gpuhook's fake GPU node: the real program's interface, no GPU.
+ *
+ *   nvidia-cuda-mps-control -d   start the control daemon in the background. It creates
+ *                                $CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps) with a unix
+ *                                socket "control" and nvidia-cuda-mps-control.pid, and logs to
+ *                                $CUDA_MPS_LOG_DIRECTORY/control.log (default /var/log/nvidia-mps):
+ *                                a startup line, its argv and environment ("Env:" lines), and every
+ *                                command it receives ("Cmd:" lines), so tests can assert the exact
+ *                                command lines and environment the daemon got. The parent returns
+ *                                once the daemon is listening; a second daemon on the same pipe
+ *                                directory is refused (exit 1), as the real one does.
+ *   nvidia-cuda-mps-control      client mode: each line of stdin is one command, sent to the
+ *                                daemon of $CUDA_MPS_PIPE_DIRECTORY; its reply goes to stdout.
+ *                                No daemon: a message on stderr and exit 1.
+ *
+ * Commands: get_server_list, start_server -uid <uid> (forks a sleeping "server" process),
+ * get_server_status <pid>, get_client_list <pid> (no clients: there is no GPU),
+ * set_default_active_thread_percentage <1..100>, get_default_active_thread_percentage,
+ * set_default_device_pinned_mem_limit <dev> <limit>, get_default_device_pinned_mem_limit <dev>,
+ * quit [-t <s>] (stops servers, removes the socket and pid file, exits). SIGTERM acts like quit.
+ * Paths are bound and connected relative to the pipe directory (sun_path holds 108 bytes).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SOCKET_NAME "control"
+#define PID_NAME "nvidia-cuda-mps-control.pid"
+#define MAX_LINE 4096
+#define MAX_DEVICES 64
+#define MAX_SERVERS 16
+
+extern char **environ;
+
+static char pipe_dir[4096];
+static char log_dir[4096];
+static volatile sig_atomic_t stopping;
+static int percentage = 100;
+static char pinned[MAX_DEVICES][64];
+static pid_t servers[MAX_SERVERS];
+static int listener = -1;
+
+static void dirs(void) {
+    const char *p = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    const char *l = getenv("CUDA_MPS_LOG_DIRECTORY");
+    snprintf(pipe_dir, sizeof pipe_dir, "%s", p && *p ? p : "/tmp/nvidia-mps");
+    snprintf(log_dir, sizeof log_dir, "%s", l && *l ? l : "/var/log/nvidia-mps");
+}
+
+static void mkdirs(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = 0;
+            mkdir(buf, 0755);
+            *p = '/';
+        }
+    }
+    mkdir(buf, 0755);
+}
+
+/* "[2024-03-05 22:23:56.123 Control 4242] message", appended to control.log */
+static void logf_(const char *fmt, ...) {
+    char path[4200], stamp[64], msg[MAX_LINE + 256];
+    struct timeval tv;
+    struct tm tm;
+    gettimeofday(&tv, NULL);
+    localtime_r(&tv.tv_sec, &tm);
+    strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &tm);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(path, sizeof path, "%s/control.log", log_dir);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    dprintf(fd, "[%s.%03ld Control %ld] %s\n", stamp, (long)(tv.tv_usec / 1000), (long)getpid(), msg);
+    close(fd);
+}
+
+/* Bind or connect a unix socket named SOCKET_NAME inside pipe_dir. */
+static int control_socket(int do_bind) {
+    int cwd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (cwd < 0 || chdir(pipe_dir) != 0) {
+        if (cwd >= 0) close(cwd);
+        return -1;
+    }
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    strcpy(addr.sun_path, SOCKET_NAME);
+    int rc = -1;
+    if (s >= 0) {
+        if (do_bind) {
+            unlink(SOCKET_NAME);
+            rc = bind(s, (struct sockaddr *)&addr, sizeof addr);
+            if (rc == 0) {
+                chmod(SOCKET_NAME, 0666);
+                rc = listen(s, 16);
+            }
+        } else {
+            rc = connect(s, (struct sockaddr *)&addr, sizeof addr);
+        }
+    }
+    if (fchdir(cwd) != 0) rc = -1;
+    close(cwd);
+    if (rc != 0) {
+        if (s >= 0) close(s);
+        return -1;
+    }
+    return s;
+}
+
+static int pid_alive(pid_t pid) { return pid > 1 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+static void reap(void) {
+    pid_t pid;
+    while ((pid = waitpid(-1, NULL, WNOHANG)) > 0) {
+        for (int i = 0; i < MAX_SERVERS; i++)
+            if (servers[i] == pid) servers[i] = 0;
+    }
+}
+
+static void on_term(int sig) {
+    (void)sig;
+    stopping = 1;
+}
+
+static void shutdown_daemon(void) {
+    for (int i = 0; i < MAX_SERVERS; i++) {
+        if (servers[i] > 0) {
+            kill(servers[i], SIGTERM);
+            waitpid(servers[i], NULL, 0);
+            servers[i] = 0;
+        }
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", pipe_dir, SOCKET_NAME);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/%s", pipe_dir, PID_NAME);
+    unlink(path);
+    logf_("Shutdown");
+}
+
+static void reply(int fd, const char *fmt, ...) {
+    char buf[MAX_LINE];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n > 0) {
+        ssize_t off = 0;
+        while (off < n) {
+            ssize_t w = write(fd, buf + off, (size_t)(n - off));
+            if (w <= 0) break;
+            off += w;
+        }
+    }
+}
+
+/* Handle one command; returns 1 when the daemon must quit. */
+static int handle(int fd, char *line) {
+    logf_("Cmd:%s", line);
+    char *argv[8] = {0};
+    int argc = 0;
+    for (char *tok = strtok(line, " \t"); tok && argc < 8; tok = strtok(NULL, " \t")) argv[argc++] = tok;
+    if (argc == 0) return 0;
+    const char *cmd = argv[0];
+    if (!strcmp(cmd, "quit")) return 1;
+    if (!strcmp(cmd, "get_server_list")) {
+        reap();
+        for (int i = 0; i < MAX_SERVERS; i++)
+            if (servers[i] > 0) reply(fd, "%ld\n", (long)servers[i]);
+    } else if (!strcmp(cmd, "start_server")) {
+        if (argc != 3 || strcmp(argv[1], "-uid")) {
+            reply(fd, "Usage: start_server -uid <user id>\n");
+            return 0;
+        }
+        int slot = -1;
+        for (int i = 0; i < MAX_SERVERS; i++)
+            if (servers[i] <= 0) { slot = i; break; }
+        if (slot < 0) {
+            reply(fd, "Too many servers\n");
+            return 0;
+        }
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(listener);
+            close(fd);
+            signal(SIGTERM, SIG_DFL);
+            prctl(PR_SET_NAME, "nvidia-cuda-mps-server");
+            for (;;) pause();
+        }
+        if (pid > 0) servers[slot] = pid;
+        logf_("Server %ld for uid %s started", (long)pid, argv[2]);
+    } else if (!strcmp(cmd, "get_server_status")) {
+        reap();
+        long want = argc > 1 ? atol(argv[1]) : 0;
+        int found = 0;
+        for (int i = 0; i < MAX_SERVERS; i++)
+            if (servers[i] > 0 && servers[i] == want) found = 1;
+        reply(fd, found ? "ACTIVE\n" : "Server %ld not found\n", want);
+    } else if (!strcmp(cmd, "get_client_list")) {
+        /* no GPU, so no client ever connects to a fake server */
+    } else if (!strcmp(cmd, "set_default_active_thread_percentage")) {
+        char *end = NULL;
+        long v = argc == 2 ? strtol(argv[1], &end, 10) : -1;
+        if (argc != 2 || !end || *end || v < 1 || v > 100) {
+            reply(fd, "Invalid active thread percentage\n");
+            return 0;
+        }
+        percentage = (int)v;
+        reply(fd, "%d.0\n", percentage);
+    } else if (!strcmp(cmd, "get_default_active_thread_percentage")) {
+        reply(fd, "%d.0\n", percentage);
+    } else if (!strcmp(cmd, "set_default_device_pinned_mem_limit")) {
+        long dev = argc == 3 ? atol(argv[1]) : -1;
+        if (argc != 3 || dev < 0 || dev >= MAX_DEVICES) {
+            reply(fd, "Usage: set_default_device_pinned_mem_limit <dev> <value>\n");
+            return 0;
+        }
+        snprintf(pinned[dev], sizeof pinned[dev], "%s", argv[2]);
+    } else if (!strcmp(cmd, "get_default_device_pinned_mem_limit")) {
+        long dev = argc == 2 ? atol(argv[1]) : -1;
+        if (dev < 0 || dev >= MAX_DEVICES) {
+            reply(fd, "Usage: get_default_device_pinned_mem_limit <dev>\n");
+            return 0;
+        }
+        reply(fd, "%s\n", pinned[dev][0] ? pinned[dev] : "none");
+    } else {
+        reply(fd, "Unrecognized command: %s\n", cmd);
+    }
+    return 0;
+}
+
+static int read_line(int fd, char *buf, size_t size) {
+    size_t n = 0;
+    while (n + 1 < size) {
+        ssize_t r = read(fd, buf + n, 1);
+        if (r <= 0 || buf[n] == '\n') break;
+        n++;
+    }
+    buf[n] = 0;
+    while (n > 0 && (buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = 0;
+    return (int)n;
+}
+
+static int daemon_main(int argc, char **argv) {
+    char path[4200];
+    mkdirs(pipe_dir);
+    mkdirs(log_dir);
+    snprintf(path, sizeof path, "%s/%s", pipe_dir, PID_NAME);
+    FILE *f = fopen(path, "re");
+    if (f) {
+        long old = 0;
+        if (fscanf(f, "%ld", &old) == 1 && pid_alive((pid_t)old)) {
+            fclose(f);
+            fprintf(stderr, "An instance of this daemon is already running\n");
+            return 1;
+        }
+        fclose(f);
+    }
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC) != 0) return 1;
+    pid_t child = fork();
+    if (child < 0) return 1;
+    if (child > 0) { /* the caller: return once the daemon listens */
+        close(ready[1]);
+        char ok = 0;
+        ssize_t r = read(ready[0], &ok, 1);
+        waitpid(child, NULL, 0);
+        if (r != 1 || ok != '1') {
+            fprintf(stderr, "Failed to start the MPS control daemon (see %s/control.log)\n", log_dir);
+            return 1;
+        }
+        return 0;
+    }
+    close(ready[0]);
+    setsid();
+    pid_t daemon_pid = fork(); /* the daemon is not a session leader, as a classic daemon */
+    if (daemon_pid < 0) _exit(1);
+    if (daemon_pid > 0) _exit(0);
+    umask(022);
+    int devnull = open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+        dup2(devnull, 0);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        if (devnull > 2) close(devnull);
+    }
+    if (chdir("/") != 0) _exit(1);
+    listener = control_socket(1);
+    if (listener < 0) {
+        logf_("Cannot listen on %s/%s: %s", pipe_dir, SOCKET_NAME, strerror(errno));
+        _exit(1);
+    }
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.%ld", path, (long)getpid());
+    f = fopen(tmp, "we");
+    if (!f || fprintf(f, "%ld\n", (long)getpid()) < 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
+        logf_("Cannot write %s", path);
+        _exit(1);
+    }
+    logf_("Starting control daemon using socket %s/%s", pipe_dir, SOCKET_NAME);
+    for (int i = 0; i < argc; i++) logf_("Argv:%s", argv[i]);
+    for (char **e = environ; *e; e++) logf_("Env:%s", *e);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_term; /* no SA_RESTART: accept() returns EINTR */
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    char one = '1';
+    if (write(ready[1], &one, 1) != 1) _exit(1);
+    close(ready[1]);
+
+    for (;;) {
+        if (stopping) break;
+        int c = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+        reap();
+        if (c < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        char line[MAX_LINE];
+        read_line(c, line, sizeof line);
+        int quit = handle(c, line);
+        close(c);
+        if (quit) break;
+    }
+    close(listener);
+    shutdown_daemon();
+    _exit(0);
+}
+
+static int client_main(void) {
+    char line[MAX_LINE];
+    int n;
+    while (fgets(line, sizeof line, stdin)) {
+        n = (int)strlen(line);
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ')) line[--n] = 0;
+        if (n == 0) continue;
+        int s = control_socket(0);
+        if (s < 0) {
+            fprintf(stderr, "Cannot find MPS control daemon process\n");
+            return 1;
+        }
+        dprintf(s, "%s\n", line);
+        shutdown(s, SHUT_WR);
+        char buf[4096];
+        ssize_t r;
+        while ((r = read(s, buf, sizeof buf)) > 0) fwrite(buf, 1, (size_t)r, stdout);
+        close(s);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    dirs();
+    if (argc >= 2 && !strcmp(argv[1], "-d")) return daemon_main(argc, argv);
+    if (argc >= 2) {
+        fprintf(stderr, "Usage: nvidia-cuda-mps-control [-d]\n");
+        return argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) ? 0 : 1;
+    }
+    return client_main();
+}
