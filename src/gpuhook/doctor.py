@@ -540,7 +540,7 @@ def check_mps(node: Node) -> list[Result]:
                     f"MPS control daemon of group {group.name} (GPU {gpus}) is down ({pipe}); "
                     "containers granted these GPUs are refused",
                     f"gpuhook mps start {group.name} "
-                f"(or: systemctl start gpuhook-mps@{group.name})",
+                    f"(or: systemctl start gpuhook-mps@{group.name})",
                 )
             )
         else:

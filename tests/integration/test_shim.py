@@ -112,8 +112,7 @@ def test_error_goes_to_stderr_and_runc_log(
     )
     assert result.returncode == 1
     assert (
-        result.stderr
-        == "gpuhook: env NVIDIA_VISIBLE_DEVICES: unknown GPU UUID GPU-nope "
+        result.stderr == "gpuhook: env NVIDIA_VISIBLE_DEVICES: unknown GPU UUID GPU-nope "
         "(this node has GPUs 0-7)\n"
     )
     entry = json.loads(log.read_text().splitlines()[-1])

@@ -26,6 +26,14 @@ FOLDER = "/usr/local/gpuhook/lib"
 HOOK_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LD_LIBRARY_PATH": "/nonexistent", "FOO": "1"}
 
 
+@pytest.fixture(autouse=True)
+def _own_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config whose log file is the test's (the default one logs to /var/log/gpuhook)."""
+    from tests.logcapture import paper_node
+
+    monkeypatch.setitem(HOOK_ENV, "GPUHOOK_CONFIG", str(paper_node(tmp_path / "node")))
+
+
 def _impls() -> list[list[str]]:
     return [[str(DISPATCHER)], [sys.executable, "-I", "-S", str(CLI_ENTRY)]]
 
@@ -254,20 +262,21 @@ def test_sh_dispatcher_hands_a_failed_run_to_python_which_logs_it(
 ) -> None:
     """A failing ldconfig run by the dispatcher is logged as gpuhook.hooks logs it: one warning
     event in the config's log file, bound to the container of the OCI state; ldconfig ran once."""
-    from tests.logcapture import log_lines, paper_node
+    from tests.logcapture import log_lines
 
-    config = paper_node(tmp_path / "node")
     rootfs = tmp_path / "rootfs"
     rootfs.mkdir()
     (tmp_path / "rc").write_text("3")
     state = json.dumps({"ociVersion": "1.0.2", "id": "c-fail", "bundle": "/nonexistent"})
     result = subprocess.run(
-        [str(DISPATCHER), "hook", "update-ldcache", "--ldconfig", str(fake_ldconfig)]
-        + ["--rootfs", str(rootfs), "--folder", FOLDER],
+        [
+            *(str(DISPATCHER), "hook", "update-ldcache", "--ldconfig", str(fake_ldconfig)),
+            *("--rootfs", str(rootfs), "--folder", FOLDER),
+        ],
         input=state,
         capture_output=True,
         text=True,
-        env={**HOOK_ENV, "GPUHOOK_CONFIG": str(config)},
+        env=HOOK_ENV,
         cwd="/tmp",
         timeout=30,
         check=False,
