@@ -29,6 +29,7 @@ lint:
 
 typecheck:
 	$(VENV)/bin/mypy
+	MYPYPATH=tools $(VENV)/bin/mypy --strict bench
 
 unit: build
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

@@ -57,6 +57,13 @@ CASES: tuple[tuple[str, str, str], ...] = (
     ("mig56", "1 MIG device, 56-MIG inventory", "b"),
 )
 PASSTHROUGH = ("passthrough", "passthrough call (list)")
+# The machine's speed, for comparing runs across machines: the bare interpreter start that every
+# create pays (the issue's reference machine: 6.6 ms), measured interleaved with the cases.
+INTERP = ("interp", "/usr/bin/python3 -I -S -c pass")
+# What runc itself spends on the edits of a 1-GPU container (device nodes, bind mounts, the
+# ld.so.cache hook): plain runc on the spec gpuhook wrote, so gpuhook's own share of the 1-GPU
+# overhead is the rest.
+EDITED = ("edited", "plain runc on gpuhook's 1-GPU spec")
 
 # Targets of issue 8 (medians on the 2-core reference machine), checked on every run.
 TARGET_OVERHEAD_MS = {"nongpu": 10.0, "leak": 12.8, "gpu1": 15.0, "gpu8": 15.0, "mig56": 15.0}
@@ -166,6 +173,15 @@ def call(bundle: Bundle, argv: list[str], what: str) -> tuple[float, float]:
             f"{detail[-1] if detail else '(no stderr)'}"
         )
     return elapsed, (usage.ru_utime + usage.ru_stime) * 1000.0
+
+
+def interpreter_start() -> float:
+    """Wall ms of ``python3 -I -S -c pass`` (the interpreter gpuhook-runtime starts)."""
+    argv = ["/usr/bin/python3", "-I", "-S", "-c", "pass"]
+    t0 = time.perf_counter()
+    pid = os.posix_spawn(argv[0], argv, {})
+    os.waitpid(pid, 0)
+    return (time.perf_counter() - t0) * 1000.0
 
 
 def reap(pid: int, timeout_s: float = 10.0) -> float:
@@ -372,6 +388,7 @@ class Bench:
                 self.bundles[(case, rt.name)] = self._bundle(
                     f"{case}-{rt.name}", rt, node, case_spec_kwargs(case, self.node_b)
                 )
+        self.edited = self.edited_bundle()
         widths = [int(n) for n in o.concurrency.split(",") if n.strip()] if o.concurrency else []
         self.widths = widths
         self.pool: dict[str, list[Bundle]] = {rt.name: [] for rt in self.runtimes}
@@ -382,6 +399,24 @@ class Bench:
                         f"conc{i}-{rt.name}", rt, "a", case_spec_kwargs("gpu1", self.node_b)
                     )
                 )
+
+    def edited_bundle(self) -> Bundle:
+        """A runc bundle whose config.json is what gpuhook-runtime wrote for the 1-GPU case
+        (its own paths swapped in): one gpuhook create, the spec read back, then delete."""
+        src = self.bundles[("gpu1", "gpuhook")]
+        cid = self.next_id()
+        src.reset()
+        argv = src.argv("create", "--bundle", src.path, "--pid-file", src.pid_file, cid)
+        call(src, argv, "create")
+        with open(src.config, "rb") as fh:
+            spec = fh.read()
+        force_delete(src.runtime, src.state, cid)
+        runc = next(rt for rt in self.runtimes if rt.name == "runc")
+        b = self._bundle("edited-runc", runc, "a", case_spec_kwargs("gpu1", self.node_b))
+        b.original = spec.replace(src.path.encode(), b.path.encode())
+        if b.original == spec or b"update-ldcache" not in spec:
+            raise BenchError("gpuhook's 1-GPU spec does not name its bundle or lacks its hook")
+        return b
 
     def _bundle(self, name: str, rt: Runtime, node: str, kw: dict[str, Any]) -> Bundle:
         path = os.path.join(self.work, "bundles", name)
@@ -401,11 +436,25 @@ class Bench:
         samples: dict[str, dict[str, list[float]]] = {}
         jobs = [(case, rt.name) for case, _, _ in CASES for rt in self.runtimes]
         jobs += [(PASSTHROUGH[0], rt.name) for rt in self.runtimes]
+        jobs += [(INTERP[0], "python"), (EDITED[0], "runc")]
         total = warmup + iterations
         started = time.monotonic()
         for it in range(total):
             self.rng.shuffle(jobs)
             for case, rt_name in jobs:
+                if case == EDITED[0]:
+                    b = self.edited
+                    create, start, delete, cpu = lifecycle(b, self.next_id())
+                    if it >= warmup:
+                        samples.setdefault(case, {}).setdefault(rt_name, []).append(
+                            create + start + delete
+                        )
+                    continue
+                if case == INTERP[0]:
+                    ms = interpreter_start()
+                    if it >= warmup:
+                        samples.setdefault(case, {}).setdefault(rt_name, []).append(ms)
+                    continue
                 if case == PASSTHROUGH[0]:
                     b = self.bundles[("nongpu", rt_name)]
                     ms, cpu = call(b, b.argv("list"), "list")
@@ -555,8 +604,8 @@ class Bench:
                 pass
         if failures and not self.opts.quiet:
             b = bundles[codes.index(next(c for c in codes if c != 0))]
-            with open(b.stderr, "rb") as fh:
-                detail = fh.read().decode(errors="replace").strip()
+            with open(b.stderr, "rb") as errf:
+                detail = errf.read().decode(errors="replace").strip()
             self.log(f"{rt.name}: a concurrent create failed: {detail}")
         return [t for t, c in zip(times, codes, strict=True) if c == 0], failures, corrupt
 
@@ -622,7 +671,7 @@ def build_report(
     conc_rows = []
     for width, per in concurrent.items():
         base_lat = per["runc"]["latencies"]
-        base = summary(base_lat) if base_lat else None
+        conc_base: dict[str, float] | None = summary(base_lat) if base_lat else None
         for name in names:
             entry = per[name]
             lat = entry["latencies"]
@@ -637,9 +686,13 @@ def build_report(
                     "failures": entry["failures"],
                     "corrupt_specs": entry["corrupt"],
                     **s,
-                    "p95_overhead_ms": (s["p95"] - base["p95"]) if base else None,
-                    "ratio": (s["median"] / base["median"]) if base and base["median"] else None,
-                    "p95_ratio": (s["p95"] / base["p95"]) if base and base["p95"] else None,
+                    "p95_overhead_ms": (s["p95"] - conc_base["p95"]) if conc_base else None,
+                    "ratio": (s["median"] / conc_base["median"])
+                    if conc_base and conc_base["median"]
+                    else None,
+                    "p95_ratio": (s["p95"] / conc_base["p95"])
+                    if conc_base and conc_base["p95"]
+                    else None,
                 }
             )
     targets = evaluate_targets(rows, conc_rows, "gpuhook")
@@ -650,7 +703,11 @@ def build_report(
     }
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": machine_info(bench),
+        "machine": {
+            **machine_info(bench),
+            "python_start_ms": summary(samples[INTERP[0]]["python"]),
+        },
+        "runc_on_edited_gpu1": summary(samples[EDITED[0]]["runc"]),
         "iterations": bench.opts.iterations,
         "warmup": bench.opts.warmup,
         "rounds": bench.opts.rounds,
@@ -739,7 +796,8 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
     out.write(
         f"gpuhook lifecycle bench {report['date']}: {m['cpus']} CPUs ({m['cpu']}), "
         f"kernel {m['kernel']}, {report['iterations']} iterations (median/p95 of that many), "
-        f"{report['elapsed_s']:.0f}s\n"
+        f"{report['elapsed_s']:.0f}s; {INTERP[1]}: median "
+        f"{m['python_start_ms']['median']:.1f} ms (the issue's reference machine: 6.6 ms)\n"
     )
     out.write(f"runtimes: {', '.join(f'{k} = {v}' for k, v in report['runtimes'].items())}\n\n")
     head = f"{'case':<42} {'runtime':<10} {'min':>7} {'median':>7} {'p95':>7}"
@@ -773,6 +831,15 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
         "lifecycle (calls, container init, hooks), cpu+: over runc's. Concurrent rows: one "
         "create each; overhead and ratio at p95. Load average at start "
         f"{la['load_avg_at_start'][0]:.2f}, at end {la['load_avg_at_end'][0]:.2f}.\n"
+    )
+    by = {(r["case"], r["runtime"]): r for r in report["cases"]}
+    edited = report["runc_on_edited_gpu1"]["median"]
+    runc_gpu1 = by[("gpu1", "runc")]["median"]
+    gpuhook_gpu1 = by[("gpu1", "gpuhook")]["median"]
+    out.write(
+        f"{EDITED[1]}: median {edited:.1f} ms, {edited - runc_gpu1:+.1f} over runc on the "
+        f"unedited spec: runc's own work for the injection; gpuhook's share of the 1-GPU "
+        f"overhead: {gpuhook_gpu1 - edited:+.1f} ms.\n"
         "\ntargets (gpuhook):\n"
     )
     for t in report["targets"]:
@@ -816,6 +883,13 @@ def markdown(report: dict[str, Any]) -> str:
             cells.append(f"{r['p95']:.1f}, **{r['p95_overhead_ms']:+.1f}**, {ok}")
         cells += ["" for _ in others]
         lines.append("| " + " | ".join(cells) + " |")
+    edited = report["runc_on_edited_gpu1"]
+    interp = report["machine"]["python_start_ms"]
+    lines += [
+        "",
+        f"Same run: {EDITED[1]} median {edited['median']:.1f} ms (p95 {edited['p95']:.1f}); "
+        f"`{INTERP[1]}` median {interp['median']:.1f} ms (p95 {interp['p95']:.1f}).",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -33,6 +33,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
             "--quiet",
             "--json",
             str(out),
+            "--markdown",
+            str(tmp_path / "bench.md"),
         ],
         capture_output=True,
         text=True,
@@ -42,6 +44,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert "targets (gpuhook):" in run.stdout
     report = json.loads(out.read_text())
+    table = (tmp_path / "bench.md").read_text()
+    assert table.startswith("| case | runc median (p95) |") and "Same run:" in table
     cases = {(r["case"], r["runtime"]) for r in report["cases"]}
     for case in ("nongpu", "leak", "gpu1", "gpu8", "mig56", "passthrough"):
         assert (case, "runc") in cases and (case, "gpuhook") in cases
@@ -63,4 +67,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
         "passthrough",
         "3",
     }
+    assert report["machine"]["python_start_ms"]["n"] == 2
+    assert report["runc_on_edited_gpu1"]["n"] == 2
+    assert "plain runc on gpuhook's 1-GPU spec: median" in run.stdout
     assert report["machine"]["cpus"] >= 1 and report["machine"]["versions"]["runc"]
