@@ -166,7 +166,7 @@ def load_cache(config: str) -> tuple[str, str, str, bytes] | None:
         identity = _identity(config)
     except OSError:
         return None
-    data = _read(cache_path(config), 1 << 20)
+    data = _read(cache_path(config), 1 << 20, trusted=True)
     if data is None:
         return None
     lines = data.split(b"\n")
@@ -221,7 +221,9 @@ def _remember(identity: bytes, loaded: "Config") -> None:
         return  # a record shape this template cannot express: no fast path
     record["timestamp"] = MARK_TIME
     template = _fastjson.dumps(record).encode()
-    if b"\n" in template or any(m.encode() not in template for m in (MARK_ID, MARK_ROOT)):
+    # Each placeholder exactly once.
+    marks = (MARK_ID, MARK_BUNDLE, MARK_ROOT, '"' + MARK_TIME + '"')
+    if b"\n" in template or any(template.count(m.encode()) != 1 for m in marks):
         return
     body = b"\n".join(
         [
@@ -243,12 +245,19 @@ def _remember(identity: bytes, loaded: "Config") -> None:
 # --- posix helpers ------------------------------------------------------------------------------
 
 
-def _read(path: str, limit: int) -> bytes | None:
+def _read(path: str, limit: int, trusted: bool = False) -> bytes | None:
+    """The file's bytes (None when unreadable or over ``limit``). ``trusted``: only a file owned
+    by root or this user and writable by no one else (as gpuhook.config trusts its cache: the
+    fast path's cache names the runtime gpuhook-runtime execs as root)."""
     try:
-        fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
+        fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC | posix.O_NOFOLLOW)
     except OSError:
         return None
     try:
+        if trusted:
+            st = posix.fstat(fd)
+            if st.st_uid not in (0, posix.geteuid()) or st.st_mode & 0o022:
+                return None
         chunks: list[bytes] = []
         total = 0
         while True:

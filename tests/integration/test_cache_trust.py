@@ -110,3 +110,38 @@ def test_an_untrusted_compiled_config_is_ignored(
         compiled.chmod(0o664 if how == "group-writable" else 0o646)
     assert passthrough(env).returncode == 42
     assert out.read_text() == "configured\n"  # recompiled from the config file itself
+
+
+def non_gpu_create(env: dict[str, str], bundle: Path, cid: str) -> int:
+    """A create of a bundle without GPU markers, through the dispatcher (gpuhook.fastpath)."""
+    return subprocess.run(
+        [testbed.RUNTIME, "--root", "/r", "create", "--bundle", str(bundle), cid],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    ).returncode
+
+
+@pytest.mark.parametrize("how", ["control", "owner", "group-writable", "world-writable"])
+def test_an_untrusted_fast_path_cache_is_ignored(node: FakeNode, tmp_path: Path, how: str) -> None:
+    """gpuhook.fastpath's cache names the runtime too: only a trusted one is acted on."""
+    configured, planted, out = recorders(tmp_path)
+    # log level info: at debug level there is no fast path
+    env = node.variant(tmp_path, runtime={"path": configured}, log={"level": "info"})
+    cache = Path(config_mod.cache_dir_for(env["GPUHOOK_CONFIG"]))
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": []}}')
+    assert non_gpu_create(env, bundle, "c0") == 42  # the full path writes the fast path's cache
+    fast = cache / "fastpath"
+    text = fast.read_text()
+    assert f"\n{configured}\n" in text
+    fast.write_text(text.replace(f"\n{configured}\n", f"\n{planted}\n"))
+    if how == "owner":
+        os.chown(fast, NOBODY, NOBODY)
+    elif how != "control":
+        fast.chmod(0o664 if how == "group-writable" else 0o646)
+    assert non_gpu_create(env, bundle, "c1") == 42
+    assert out.read_text() == ("planted\n" if how == "control" else "configured\n")
