@@ -22,6 +22,26 @@ import testbed  # noqa: E402
 FAKE_NODE = REPO / "tools" / "fake-node"
 
 
+def mps_daemons_under(root: Path) -> list[int]:
+    """Live nvidia-cuda-mps-control processes whose pipe directory is under ``root`` (the ones a
+    test started: other tests' daemons and a real node's are left alone)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if os.path.basename(cmdline[0]) != b"nvidia-cuda-mps-control":
+            continue
+        pipe = [e for e in environ if e.startswith(b"CUDA_MPS_PIPE_DIRECTORY=")]
+        if pipe and pipe[0].split(b"=", 1)[1].decode().startswith(str(root)):
+            found.append(int(entry))
+    return found
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.geteuid() == 0:
         return

@@ -178,6 +178,18 @@ class Containerd(Daemon):
         )
 
 
+def write_policy(node_config: Path, policy_file: Path, policy: Mapping[str, object]) -> None:
+    """Write ``policy_file``, the gpuhook config a test daemon's runtime reads: the node's config
+    with ``policy`` merged into its policy section, replaced atomically."""
+    import yaml
+
+    data = yaml.safe_load(node_config.read_text())
+    data["policy"] = {**data.get("policy", {}), **policy}
+    tmp = policy_file.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data))
+    os.replace(tmp, policy_file)
+
+
 def rootfs_tarball(rootfs: str, dest: Path) -> Path:
     """A plain tarball of a root filesystem (what `docker import` and an OCI layer take)."""
     with tarfile.open(dest, "w") as tar:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import tarfile
 import uuid as uuidlib
@@ -26,7 +25,6 @@ from typing import Any
 
 import pytest
 import testbed
-import yaml
 
 from tests import factories as f
 from tests.conftest import FakeNode
@@ -143,11 +141,7 @@ class Ctr:
         self.policy_file = policy_file
 
     def set_policy(self, **policy: Any) -> None:
-        data = yaml.safe_load(self.node.config.read_text())
-        data["policy"] = {**data.get("policy", {}), **policy}
-        tmp = self.policy_file.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(data))
-        os.replace(tmp, self.policy_file)
+        engines.write_policy(self.node.config, self.policy_file, policy)
 
     def run(
         self,

@@ -5,7 +5,6 @@ fake GPU node. Each test asserts what a real container sees."""
 from __future__ import annotations
 
 import json
-import os
 import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +12,6 @@ from typing import Any
 
 import pytest
 import testbed
-import yaml
 
 from tests.conftest import FakeNode
 from tests.integration import engines
@@ -49,11 +47,7 @@ class Docker:
 
     def set_policy(self, **policy: Any) -> None:
         """Swap the gpuhook config the daemon's runtime reads (a new file: a new cache key)."""
-        data = yaml.safe_load(self.node.config.read_text())
-        data["policy"] = {**data.get("policy", {}), **policy}
-        tmp = self.policy_file.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(data))
-        os.replace(tmp, self.policy_file)
+        engines.write_policy(self.node.config, self.policy_file, policy)
 
     def run(self, *args: str, image: str = IMAGE_PLAIN) -> Any:
         name = f"gh-{uuidlib.uuid4().hex[:10]}"

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import testbed
 
-from tests.conftest import Containers, FakeNode
+from tests.conftest import Containers, FakeNode, mps_daemons_under
 from tests.hostile import CLIMB, Host, build_planted_library, mounts_under, one_line_failure
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -230,23 +230,8 @@ def test_mps_folders_never_reach_the_host(
             assert attack.resolved_inside()
     finally:
         node.gpuhook("mps", "stop", env=env)
-        _kill_daemons_under(mps_root)
-
-
-def _kill_daemons_under(root: Path) -> None:
-    """SIGKILL the MPS control daemons this test started (their pipe folder is under root)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if os.path.basename(cmdline[0]) != b"nvidia-cuda-mps-control":
-            continue
-        if any(e.startswith(b"CUDA_MPS_PIPE_DIRECTORY=" + str(root).encode()) for e in environ):
-            os.kill(int(entry), signal.SIGKILL)
+        for pid in mps_daemons_under(mps_root):  # only the daemons this test started
+            os.kill(pid, signal.SIGKILL)
 
 
 # --- class B: the image's env never reaches a host-side process --------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Containers, FakeNode
+from tests.conftest import Containers, FakeNode, mps_daemons_under
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -74,21 +74,7 @@ class Mps:
 
     def daemons(self) -> list[int]:
         """Live nvidia-cuda-mps-control processes whose pipe directory is under this root."""
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if os.path.basename(cmdline[0]) != b"nvidia-cuda-mps-control":
-                continue
-            pipe = [e for e in environ if e.startswith(b"CUDA_MPS_PIPE_DIRECTORY=")]
-            if pipe and pipe[0].split(b"=", 1)[1].decode().startswith(str(self.root)):
-                found.append(int(entry))
-        return found
+        return mps_daemons_under(self.root)
 
     def cleanup(self) -> None:
         if self.env:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from gpuhook.inventory import ldcache
 from gpuhook.inventory.ldcache import CacheEntry, LdCacheError
+from tests.imports import loaded
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
 GCC = shutil.which("gcc")
@@ -346,20 +347,8 @@ def test_cache_entry_is_a_frozen_value() -> None:
 
 
 def test_imports_stay_cheap() -> None:
-    code = (
-        "import sys; import gpuhook.inventory.ldcache, gpuhook.inventory.elf; "
-        "heavy = {'typing', 'dataclasses', 'enum', 're', 'pathlib', 'functools', 'collections'}; "
-        "print(sorted(heavy & set(sys.modules)))"
-    )
-    src = str(Path(ldcache.__file__).resolve().parents[2])
-    out = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {src!r}); {code}"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    assert out.strip() == "[]"
+    heavy = {"typing", "dataclasses", "enum", "re", "pathlib", "functools", "collections"}
+    assert loaded("import gpuhook.inventory.ldcache, gpuhook.inventory.elf", heavy) == []
 
 
 # --- fuzzing ------------------------------------------------------------------------------------
