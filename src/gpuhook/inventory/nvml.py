@@ -135,24 +135,46 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+class _Session:
+    """NVML between ``nvmlInit`` and ``nvmlShutdown``. An NVML error inside (or from init or
+    shutdown) becomes an :class:`InventoryError` naming ``step``, the call being made."""
+
+    def __init__(self, pynvml: Any) -> None:
+        self.pynvml = pynvml
+        self.step = "nvmlInit"
+
+    def __enter__(self) -> _Session:
+        try:
+            self.pynvml.nvmlInit()
+        except self.pynvml.NVMLError as exc:
+            raise self.error(exc) from None
+        return self
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        try:
+            self.pynvml.nvmlShutdown()
+        except self.pynvml.NVMLError as shutdown:
+            if exc is None:
+                self.step = "nvmlShutdown"
+                raise self.error(shutdown) from None
+        if isinstance(exc, self.pynvml.NVMLError):
+            raise self.error(exc) from None
+
+    def error(self, exc: BaseException) -> InventoryError:
+        return InventoryError(f"NVML {self.step} failed: {_text(exc)}")
+
+
 def query(explicit_library: str, driver_root_candidates: list[str]) -> NvmlFacts:
     """Every GPU and MIG device NVML reports, with driver and CUDA driver versions."""
     pynvml, library = load_library(explicit_library, driver_root_candidates)
-    current = "nvmlInit"
-    try:
-        pynvml.nvmlInit()
-        try:
-            current = "nvmlSystemGetDriverVersion"
-            driver = _text(pynvml.nvmlSystemGetDriverVersion())
-            current = "nvmlSystemGetCudaDriverVersion"
-            cuda_int = int(pynvml.nvmlSystemGetCudaDriverVersion())
-            cuda = f"{cuda_int // 1000}.{cuda_int % 1000 // 10}"
-            current = "nvmlDeviceGetCount"
-            gpus = [_gpu(pynvml, i) for i in range(int(pynvml.nvmlDeviceGetCount()))]
-        finally:
-            pynvml.nvmlShutdown()
-    except pynvml.NVMLError as exc:
-        raise InventoryError(f"NVML {current} failed: {_text(exc)}") from None
+    with _Session(pynvml) as nvml:
+        nvml.step = "nvmlSystemGetDriverVersion"
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        nvml.step = "nvmlSystemGetCudaDriverVersion"
+        cuda_int = int(pynvml.nvmlSystemGetCudaDriverVersion())
+        cuda = f"{cuda_int // 1000}.{cuda_int % 1000 // 10}"
+        nvml.step = "nvmlDeviceGetCount"
+        gpus = [_gpu(pynvml, i) for i in range(int(pynvml.nvmlDeviceGetCount()))]
     return NvmlFacts(library, driver, cuda, gpus)
 
 
@@ -204,19 +226,12 @@ def set_compute_mode(
     Raises :class:`InventoryError` naming the GPU and NVML's reason."""
     pynvml, _ = load_library(explicit_library, driver_root_candidates)
     value = COMPUTE_MODES[mode]
-    current = "nvmlInit"
-    try:
-        pynvml.nvmlInit()
-        try:
-            for uuid in uuids:
-                current = f"nvmlDeviceGetHandleByUUID({uuid})"
-                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-                current = f"nvmlDeviceSetComputeMode({uuid}, {mode})"
-                pynvml.nvmlDeviceSetComputeMode(handle, value)
-        finally:
-            pynvml.nvmlShutdown()
-    except pynvml.NVMLError as exc:
-        raise InventoryError(f"NVML {current} failed: {_text(exc)}") from None
+    with _Session(pynvml) as nvml:
+        for uuid in uuids:
+            nvml.step = f"nvmlDeviceGetHandleByUUID({uuid})"
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            nvml.step = f"nvmlDeviceSetComputeMode({uuid}, {mode})"
+            pynvml.nvmlDeviceSetComputeMode(handle, value)
 
 
 def compute_modes(
@@ -226,17 +241,10 @@ def compute_modes(
     pynvml, _ = load_library(explicit_library, driver_root_candidates)
     names = {v: k for k, v in COMPUTE_MODES.items()}
     out: dict[str, str] = {}
-    current = "nvmlInit"
-    try:
-        pynvml.nvmlInit()
-        try:
-            for uuid in uuids:
-                current = f"nvmlDeviceGetComputeMode({uuid})"
-                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-                mode = int(pynvml.nvmlDeviceGetComputeMode(handle))
-                out[uuid] = names.get(mode, str(mode))
-        finally:
-            pynvml.nvmlShutdown()
-    except pynvml.NVMLError as exc:
-        raise InventoryError(f"NVML {current} failed: {_text(exc)}") from None
+    with _Session(pynvml) as nvml:
+        for uuid in uuids:
+            nvml.step = f"nvmlDeviceGetComputeMode({uuid})"
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            mode = int(pynvml.nvmlDeviceGetComputeMode(handle))
+            out[uuid] = names.get(mode, str(mode))
     return out
