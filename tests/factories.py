@@ -6,7 +6,7 @@ from typing import Any
 
 from gpuhook import config as config_mod
 from gpuhook.config import Config
-from gpuhook.model import DeviceNode, Gpu, HostFile, Inventory, Library, MigDevice
+from gpuhook.model.inventory import DeviceNode, Gpu, HostFile, Inventory, Library, MigDevice
 
 
 def gpu_uuid(i: int) -> str:

@@ -21,7 +21,7 @@ import click
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 from gpuhook import __version__
-from gpuhook.cli import main as cli
+from gpuhook.cli.commands import main as cli
 
 
 def esc(text: str) -> str:

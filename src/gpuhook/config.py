@@ -15,7 +15,7 @@ import os
 
 from gpuhook import __version__
 from gpuhook.errors import ConfigError, RuntimeNotFoundError
-from gpuhook.model import Frozen, _init
+from gpuhook.model.frozen import Frozen, _init
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class MpsGroupConfig(Frozen):
 class MpsConfig(Frozen):
     """``mps.*``: which GPUs are MPS-shared, their share, and how containers reach the daemons.
 
-    GPU ids are kept as written (strings); :mod:`gpuhook.sharing` resolves them against the
+    GPU ids are kept as written (strings); :mod:`gpuhook.pipeline.sharing` resolves them against the
     inventory. ``enabled`` is False when no GPU is shared (the create path then never imports
     the sharing code).
     """
@@ -483,7 +483,6 @@ def _check_semantics(path: str, data: dict[str, Any]) -> None:
 def _check_mps(path: str, mps: dict[str, Any]) -> None:
     """GPU ids, sizes and the shm path of ``mps.*`` (the inventory-dependent checks, such as a
     shared GPU in MIG mode, happen where the inventory is read: ``gpuhook mps`` and create)."""
-    from gpuhook import sharing
 
     if mps["shm"] and not mps["shm"].startswith("/"):
         raise ConfigError(path, "must be an absolute path or empty", "mps.shm")
@@ -499,7 +498,7 @@ def _check_mps(path: str, mps: dict[str, Any]) -> None:
     lists += [(f"mps.groups.{name}.gpus", g["gpus"]) for name, g in mps["groups"].items()]
     for key, ids in lists:
         for i, gpu_id in enumerate(ids):
-            problem = sharing.check_gpu_id(str(gpu_id))
+            problem = check_gpu_id(str(gpu_id))
             if problem:
                 raise ConfigError(path, problem, f"{key}[{i}]")
             if key != "mps.gpus" and str(gpu_id) in where:
@@ -516,7 +515,7 @@ def _check_mps(path: str, mps: dict[str, Any]) -> None:
     for key, size in sizes:
         if size is not None:
             try:
-                sharing.parse_size(size)
+                parse_size(size)
             except ValueError as exc:
                 raise ConfigError(path, str(exc), key) from None
 
@@ -594,3 +593,44 @@ def _is_gpuhook_runtime(path: str) -> bool:
     except OSError:
         return False
     return head.startswith(b"#!") and b"gpuhook-runtime" in head
+
+
+# --- sizes and GPU ids in mps.* (the MPS plan reads them through these too) ---
+
+MIB = 1 << 20
+GIB = 1 << 30
+_UNITS = {"k": 1 << 10, "m": MIB, "g": GIB, "t": 1 << 40}
+
+
+# --- values ---------------------------------------------------------------------------------------
+
+
+def check_gpu_id(gpu_id: str) -> str:
+    """Why ``gpu_id`` cannot name an MPS-shared GPU in the config ("" when it can)."""
+    lowered = gpu_id.strip().lower()
+    if lowered.startswith("mig-") or (":" in lowered and lowered.replace(":", "").isdigit()):
+        return f"{gpu_id!r} is a MIG device; MIG devices cannot be MPS-shared"
+    if lowered == "all" or lowered.isdigit() or lowered.startswith("gpu-"):
+        return ""
+    return f"{gpu_id!r} is not a GPU index, a GPU UUID (GPU-...) or all"
+
+
+def parse_size(text: object) -> int:
+    """``512M``, ``20G``, ``1.5GiB`` -> bytes (binary units, as MPS reads them). Raises
+    ValueError with a one-line reason."""
+    if not isinstance(text, str):
+        raise ValueError(f"{text!r} is not a size (e.g. 512M or 20G)")
+    raw = text.strip()
+    lowered = raw.lower()
+    for suffix in ("ib", "b"):
+        if lowered.endswith(suffix) and len(lowered) > len(suffix) + 1:
+            lowered = lowered[: -len(suffix)]
+            break
+    unit = _UNITS.get(lowered[-1:]) if lowered else None
+    number = lowered[:-1]
+    if unit is None or not number or number.count(".") > 1 or not number.replace(".", "").isdigit():
+        raise ValueError(f"{text!r} is not a size (a number and a unit K, M, G or T: 512M, 20G)")
+    value = int(float(number) * unit) if "." in number else int(number) * unit
+    if value < MIB:
+        raise ValueError(f"{text!r} is less than 1M")
+    return value

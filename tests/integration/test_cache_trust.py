@@ -113,7 +113,7 @@ def test_an_untrusted_compiled_config_is_ignored(
 
 
 def non_gpu_create(env: dict[str, str], bundle: Path, cid: str) -> int:
-    """A create of a bundle without GPU markers, through the dispatcher (gpuhook.fastpath)."""
+    """A create of a bundle without GPU markers, through the dispatcher (the fast path)."""
     return subprocess.run(
         [testbed.RUNTIME, "--root", "/r", "create", "--bundle", str(bundle), cid],
         env={**os.environ, **env},
@@ -126,7 +126,7 @@ def non_gpu_create(env: dict[str, str], bundle: Path, cid: str) -> int:
 
 @pytest.mark.parametrize("how", ["control", "owner", "group-writable", "world-writable"])
 def test_an_untrusted_fast_path_cache_is_ignored(node: FakeNode, tmp_path: Path, how: str) -> None:
-    """gpuhook.fastpath's cache names the runtime too: only a trusted one is acted on."""
+    """gpuhook.runtime.fastpath's cache names the runtime too: only a trusted one is acted on."""
     configured, planted, out = recorders(tmp_path)
     # log level info: at debug level there is no fast path
     env = node.variant(tmp_path, runtime={"path": configured}, log={"level": "info"})

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import testbed
 
-from gpuhook import ocispec
 from gpuhook.errors import SpecError
 from gpuhook.fsutil import TMP_MARK
+from gpuhook.runtime import ocispec
 from tests import factories as f
 from tests.conftest import Containers, FakeNode
 from tests.hostile import one_line_failure

@@ -3,9 +3,9 @@
 The dispatcher starts ``python3 -I -S _shim_entry.py``; these tests start exactly that with
 ``-X importtime`` added, which reports every module the process imports before it execs the
 runtime (a recorder script standing in for runc). A create without GPU markers must import
-nothing but gpuhook's fast path (gpuhook.fastpath and the argv parser); the full paths (a spec
-with markers: the leak case, GPU containers, a MIG node) must import none of the heavy modules,
-except pynvml when the inventory is refreshed lazily.
+nothing but gpuhook's fast path (gpuhook.runtime.fastpath and the argv parser); the full paths
+(a spec with markers: the leak case, GPU containers, a MIG node) must import none of the heavy
+modules, except pynvml when the inventory is refreshed lazily.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhook import fastpath, records
+from gpuhook.records import writer
+from gpuhook.runtime import fastpath
 from tests import factories as f
 from tests.conftest import Containers, FakeNode
 from tests.integration.test_shim import RECORDER
@@ -40,7 +41,14 @@ SLOW_STDLIB = {
     "subprocess",
     "importlib.metadata",
 }
-FAST_PATH = {"gpuhook", "gpuhook._frozen", "gpuhook.runtime_args", "gpuhook.fastpath"}
+FAST_PATH = {
+    "gpuhook",
+    "gpuhook.model",
+    "gpuhook.model.frozen",
+    "gpuhook.runtime",
+    "gpuhook.runtime.runc_argv",
+    "gpuhook.runtime.fastpath",
+}
 
 
 def recorder_env(node: FakeNode, tmp_path: Path, **sections: object) -> tuple[dict[str, str], Path]:
@@ -98,8 +106,8 @@ def test_non_gpu_create_takes_the_fast_path(
     env, argv_out = recorder_env(node, tmp_path)
     bundle = containers.bundle()
     cold, _ = create(env, bundle, "first")  # compiles the config, writes the fast-path cache
-    assert "gpuhook.shim" in cold
-    full_record = json.loads((bundle / records.RECORD_NAME).read_text())
+    assert "gpuhook.runtime.shim" in cold
+    full_record = json.loads((bundle / writer.RECORD_NAME).read_text())
 
     modules, stderr = create(env, bundle, "second")
     assert modules == FAST_PATH, modules
@@ -113,7 +121,7 @@ def test_non_gpu_create_takes_the_fast_path(
         "second",
     ]
     # The same record as the full path writes, and the same link.
-    fast_record = json.loads((bundle / records.RECORD_NAME).read_text())
+    fast_record = json.loads((bundle / writer.RECORD_NAME).read_text())
     for rec in (full_record, fast_record):
         assert isinstance(rec.pop("timestamp"), float)
         rec.pop("container_id")
@@ -121,7 +129,7 @@ def test_non_gpu_create_takes_the_fast_path(
     assert fast_record["decision"]["reasons"][0]["why"] == fastpath.NOTE
     links = Path(node.truth["state_dir"]) / "containers"
     for cid in ("first", "second"):
-        assert (links / f"{cid}.json").readlink() == bundle / records.RECORD_NAME
+        assert (links / f"{cid}.json").readlink() == bundle / writer.RECORD_NAME
 
 
 def test_fast_path_steps_aside(node: FakeNode, containers: Containers, tmp_path: Path) -> None:
@@ -131,17 +139,17 @@ def test_fast_path_steps_aside(node: FakeNode, containers: Containers, tmp_path:
     assert create(env, plain, "fast")[0] == FAST_PATH
 
     # GPUHOOK_DEBUG: the debug decision line must be logged, by the full path.
-    assert "gpuhook.shim" in create({**env, "GPUHOOK_DEBUG": "1"}, plain, "dbg")[0]
+    assert "gpuhook.runtime.shim" in create({**env, "GPUHOOK_DEBUG": "1"}, plain, "dbg")[0]
     # A container id that runc would reject anyway: the full path decides what to do.
-    assert "gpuhook.shim" in create(env, plain, "bad:id")[0]
+    assert "gpuhook.runtime.shim" in create(env, plain, "bad:id")[0]
     # The config file changed: the cache no longer matches; the full path renews it.
     config = Path(env["GPUHOOK_CONFIG"])
     config.write_text(config.read_text() + "\n# edited\n")
-    assert "gpuhook.shim" in create(env, plain, "edited")[0]
+    assert "gpuhook.runtime.shim" in create(env, plain, "edited")[0]
     assert create(env, plain, "fast-again")[0] == FAST_PATH
     # A spec with a GPU marker never takes the fast path.
     gpu = containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"])
-    assert "gpuhook.pipeline" in create(env, gpu, "gpu")[0]
+    assert "gpuhook.pipeline.flow" in create(env, gpu, "gpu")[0]
 
 
 def _assert_light(modules: set[str], allow: frozenset[str] = frozenset()) -> None:
@@ -185,7 +193,7 @@ def test_full_paths_import_nothing_heavy(
     for name, (case_env, kw) in cases.items():
         bundle = containers.bundle(**kw)
         modules, _ = create(case_env, bundle, name)
-        assert "gpuhook.pipeline" in modules
+        assert "gpuhook.pipeline.flow" in modules
         _assert_light(modules)
         spec = json.loads((bundle / "config.json").read_text())
         visible = [e for e in spec["process"]["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
@@ -195,7 +203,7 @@ def test_full_paths_import_nothing_heavy(
     for cache in Path("/run/gpuhook/config").glob(f"**{env['GPUHOOK_CONFIG']}/fastpath"):
         cache.unlink()
     modules, _ = create(env, plain, "plain-full")
-    assert "gpuhook.shim" in modules
+    assert "gpuhook.runtime.shim" in modules
     _assert_light(modules)
 
 
@@ -209,5 +217,5 @@ def test_pynvml_only_on_a_lazy_inventory_refresh(
     assert "gpuhook.inventory.nvml" in modules  # no inventory yet: refreshed under the lock
     assert not (modules & (HEAVY - {"pynvml", "gpuhook._vendor.pynvml"}))
     modules, _ = create(env, containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"]), "cached")
-    assert "gpuhook.pipeline" in modules
+    assert "gpuhook.pipeline.flow" in modules
     _assert_light(modules)

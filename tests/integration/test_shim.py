@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import testbed
 
-from gpuhook import ocispec
+from gpuhook.runtime import ocispec
 from tests import factories as f
 from tests.conftest import Containers, FakeNode, make_fake_node
 

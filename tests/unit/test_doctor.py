@@ -14,16 +14,17 @@ from pathlib import Path
 import pytest
 import testbed
 
-from gpuhook import cli, doctor, engine_configs
+from gpuhook.cli import commands, doctor
+from gpuhook.engines import readers
 from tests.logcapture import paper_node
 
 RUNTIME = testbed.RUNTIME  # an executable named gpuhook-runtime
 
 
-def read(engine: str, tmp_path: Path, text: str, name: str = "cfg") -> engine_configs.Registration:
+def read(engine: str, tmp_path: Path, text: str, name: str = "cfg") -> readers.Registration:
     path = tmp_path / name
     path.write_text(text)
-    return engine_configs.read(engine, str(path))
+    return readers.read(engine, str(path))
 
 
 @pytest.mark.parametrize(
@@ -71,7 +72,7 @@ def test_docker_reader(
 def test_docker_reader_errors(tmp_path: Path) -> None:
     assert read("docker", tmp_path, "{nope").error.startswith("not valid JSON: ")
     assert read("docker", tmp_path, "[]").error == "the top level is not a JSON object"
-    missing = engine_configs.read("docker", str(tmp_path / "absent.json"))
+    missing = readers.read("docker", str(tmp_path / "absent.json"))
     assert (missing.exists, missing.error) == (False, "")
 
 
@@ -155,7 +156,7 @@ def run_doctor(
     capsys: pytest.CaptureFixture[str], *args: str
 ) -> tuple[int, dict[str, tuple[str, str]], str]:
     """The doctor in this process: exit code, {check: (STATUS, rest of the line)}, stderr."""
-    code = cli.run(["doctor", "-o", "table", *args])
+    code = commands.run(["doctor", "-o", "table", *args])
     out, err = capsys.readouterr()
     lines: dict[str, tuple[str, str]] = {}
     for line in out.splitlines():
@@ -259,7 +260,7 @@ def test_json_output(
     engines: list[str],
 ) -> None:
     monkeypatch.setenv("GPUHOOK_CONFIG", str(paper_node(tmp_path)))
-    code = cli.run(["doctor", "--output", "json", *engines])
+    code = commands.run(["doctor", "--output", "json", *engines])
     view = json.loads(capsys.readouterr().out)
     failed = [c["check"] for c in view["checks"] if c["status"] == "fail"]
     assert code == (1 if failed else 0) and view["ok"] is (not failed)

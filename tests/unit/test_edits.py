@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhook import discover, edits, pipeline, policy, request
 from gpuhook.errors import SpecError
-from gpuhook.model import ContainerEdits, DeviceNode, Hook, Mount
+from gpuhook.model.edits import ContainerEdits, Hook, Mount
+from gpuhook.model.inventory import DeviceNode
+from gpuhook.pipeline import apply, flow, inject, kubelet, policy, request
+from gpuhook.runtime import decide
 from tests import factories as f
 
 _names = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ_", min_size=1, max_size=8)
@@ -95,9 +97,9 @@ def test_apply_is_idempotent_and_keeps_the_users_entries(
     spec: dict[str, Any], e: ContainerEdits
 ) -> None:
     before = json.loads(json.dumps(spec))
-    once = edits.apply(spec, e)
+    once = apply.apply(spec, e)
     assert spec == before  # the input is never modified
-    assert edits.apply(once, e) == once  # applying twice == applying once
+    assert apply.apply(once, e) == once  # applying twice == applying once
     for key, value in before.items():  # unknown keys survive untouched
         if key not in ("process", "linux", "mounts", "hooks"):
             assert once[key] == value
@@ -119,14 +121,14 @@ def test_apply_is_idempotent_and_keeps_the_users_entries(
 
 def test_edits_validate_rejects_unsafe_paths() -> None:
     with pytest.raises(SpecError, match="must not contain"):
-        edits.apply({}, ContainerEdits(mounts=(Mount("/h", "/usr/../etc", "bind"),)))
+        apply.apply({}, ContainerEdits(mounts=(Mount("/h", "/usr/../etc", "bind"),)))
     with pytest.raises(SpecError, match="must be absolute"):
-        edits.apply({}, ContainerEdits(device_nodes=(DeviceNode("dev/x", "/x", 1, 1),)))
+        apply.apply({}, ContainerEdits(device_nodes=(DeviceNode("dev/x", "/x", 1, 1),)))
 
 
-def _outcome(spec: dict[str, Any], **cfg: Any) -> pipeline.Outcome:
+def _outcome(spec: dict[str, Any], **cfg: Any) -> flow.Outcome:
     inv = f.inventory(8, {6: 3})
-    return pipeline.run(
+    return decide.run(
         spec,
         f.config(**cfg),
         inventory_source=lambda _c: inv,
@@ -174,13 +176,11 @@ def test_mig_device_gets_parent_node_and_caps() -> None:
 
 def test_refused_request_sets_void_and_nothing_else() -> None:
     spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=all"], annotations=f.k8s())
-    out = pipeline.run(
+    out = decide.run(
         spec,
         f.config(),
         inventory_source=lambda _c: f.inventory(),
-        checkpoint_source=lambda *_a: __import__("gpuhook.kubelet").kubelet.Allocation(
-            "pod-uid-1", "main", (), "cp"
-        ),
+        checkpoint_source=lambda *_a: kubelet.Allocation("pod-uid-1", "main", (), "cp"),
     )
     assert out.decision.refused and out.changed
     assert "NVIDIA_VISIBLE_DEVICES=void" in out.spec["process"]["env"]
@@ -218,4 +218,4 @@ def test_visible_value() -> None:
     req = request.parse(f.spec(env=["NVIDIA_VISIBLE_DEVICES=none"]))
     c = f.config()
     d = policy.decide(req, c.policy, c.default_capabilities, lambda: f.inventory())
-    assert discover.visible_value(d) == "none"
+    assert inject.visible_value(d) == "none"

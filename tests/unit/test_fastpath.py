@@ -1,5 +1,5 @@
-"""The pure parts of gpuhook.fastpath agree with the modules they stand in for: the constants,
-the container-id rule, path normalisation and JSON safety."""
+"""The pure parts of gpuhook.runtime.fastpath agree with the modules they stand in for: the
+constants, the container-id rule, path normalisation and JSON safety."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ import posixpath
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuhook import config, fastpath, fsutil, records, request
+from gpuhook import config, fsutil
+from gpuhook import markers as gpuhook_markers
+from gpuhook.pipeline import request
+from gpuhook.records import writer
+from gpuhook.runtime import fastpath
 
 
 def test_mirrored_constants() -> None:
@@ -25,8 +29,7 @@ def test_mirrored_constants() -> None:
 def test_precheck_markers_cover_every_channel() -> None:
     """Each request channel's literal appears among the markers (the soundness argument of the
     pre-check; tests/unit/test_precheck.py checks it against the parser)."""
-    markers = fastpath.PRECHECK_MARKERS
-    assert request.PRECHECK_MARKERS is markers
+    markers = gpuhook_markers.PRECHECK_MARKERS
     assert request.ENV_VISIBLE.encode() in markers
     assert request.DOCKER_HOOK.encode() in markers
     assert any(m in request.CDI_ANNOTATION_PREFIX.encode() for m in markers)
@@ -40,7 +43,7 @@ _id_chars = st.sampled_from("abcXYZ019_+-.:/ é\x00")
 
 @given(st.text(alphabet=_id_chars, max_size=12))
 def test_fast_ids_are_valid_record_ids(cid: str) -> None:
-    assert fastpath._safe_id(cid) == records.valid_id(cid)
+    assert fastpath._safe_id(cid) == writer.valid_id(cid)
 
 
 @given(st.lists(st.sampled_from(["a", "b", ".", "..", "", "x y"]), max_size=8))
@@ -67,6 +70,8 @@ def test_json_safe_text_is_its_own_json_string(text: str) -> None:
 
 
 def test_may_request_gpu() -> None:
-    assert not fastpath.may_request_gpu(b'{"process":{"env":["PATH=/bin"]}}')
-    assert fastpath.may_request_gpu(b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}')
-    assert fastpath.may_request_gpu(b'{"process":{"env":["NVIDIA\\u005fVISIBLE_DEVICES=0"]}}')
+    assert not gpuhook_markers.may_request_gpu(b'{"process":{"env":["PATH=/bin"]}}')
+    assert gpuhook_markers.may_request_gpu(b'{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}')
+    assert gpuhook_markers.may_request_gpu(
+        b'{"process":{"env":["NVIDIA\\u005fVISIBLE_DEVICES=0"]}}'
+    )

@@ -29,11 +29,13 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gpuhook import _fastjson, devices, edits, kubelet, ocispec, pipeline, request
+from gpuhook import _fastjson, markers
 from gpuhook import config as config_mod
 from gpuhook.errors import CheckpointError, ConfigError, GpuhookError, InventoryError, describe
 from gpuhook.inventory import store
-from gpuhook.kubelet import Allocation
+from gpuhook.pipeline import apply, devices, kubelet, request
+from gpuhook.pipeline.kubelet import Allocation
+from gpuhook.runtime import decide, ocispec
 from tests import factories as f
 
 EXAMPLES = int(os.environ.get("GPUHOOK_FUZZ_EXAMPLES", "500"))
@@ -217,7 +219,7 @@ def test_spec_and_request_parsers_raise_only_gpuhook_errors(raw: bytes) -> None:
     except GpuhookError as exc:
         one_line(exc)
         return
-    if not request.may_request_gpu(raw):  # the hot path's byte pre-check stays sound
+    if not markers.may_request_gpu(raw):  # the hot path's byte pre-check stays sound
         assert not req.channels
 
 
@@ -235,7 +237,7 @@ def test_pipeline_raises_only_gpuhook_errors_and_never_grants_beyond_policy(
         return Allocation(uid, name, (("nvidia.com/gpu", tuple(allocated)),), "cp")
 
     try:
-        outcome = pipeline.run(
+        outcome = decide.run(
             spec, config, inventory_source=lambda _c: INVENTORY, checkpoint_source=checkpoint
         )
     except GpuhookError as exc:
@@ -245,7 +247,7 @@ def test_pipeline_raises_only_gpuhook_errors_and_never_grants_beyond_policy(
     decision, req = outcome.decision, outcome.request
     event(f"channel={decision.channel} granted={bool(decision.devices)}")
     ocispec.dumps(outcome.spec)  # what is written back is always valid JSON
-    assert edits.apply(outcome.spec, outcome.edits) == outcome.spec  # idempotent
+    assert apply.apply(outcome.spec, outcome.edits) == outcome.spec  # idempotent
     granted = {d.uuid for d in decision.devices}
     if decision.channel == "env" and req.kubernetes is not None and not req.privileged:
         if k8s_mode == "ignore" or req.kubernetes.container_type == "sandbox":

@@ -13,16 +13,18 @@ from typing import Any
 import pytest
 
 from gpuhook import config as config_mod
-from gpuhook import devices, edits, pipeline, records, request
 from gpuhook.errors import ConfigError, InventoryError, RequestError
 from gpuhook.inventory import store
+from gpuhook.pipeline import apply, devices, request
+from gpuhook.records import writer
+from gpuhook.runtime import decide as decide_mod
 from tests import factories as f
 
 INVENTORY = f.inventory(8, {6: 3})
 
 
 def decide(spec: dict[str, Any], **config: Any) -> Any:
-    return pipeline.run(spec, f.config(**config), inventory_source=lambda _c: INVENTORY).decision
+    return decide_mod.run(spec, f.config(**config), inventory_source=lambda _c: INVENTORY).decision
 
 
 # --- volume-mount markers: only a /dev/null mount is one --------------------------------------
@@ -90,9 +92,9 @@ def test_spec_entries_with_non_string_paths_are_kept(where: str, odd: dict[str, 
     spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"])
     entries = spec["mounts"] if where == "mounts" else spec["linux"].setdefault("devices", [])
     entries.append(odd)
-    outcome = pipeline.run(spec, f.config(), inventory_source=lambda _c: INVENTORY)
+    outcome = decide_mod.run(spec, f.config(), inventory_source=lambda _c: INVENTORY)
     assert [d.uuid for d in outcome.decision.devices] == [f.gpu_uuid(1)]
-    assert edits.apply(outcome.spec, outcome.edits) == outcome.spec
+    assert apply.apply(outcome.spec, outcome.edits) == outcome.spec
     kept = outcome.spec["mounts"] if where == "mounts" else outcome.spec["linux"]["devices"]
     assert odd in kept and len(kept) > 2
 
@@ -127,7 +129,7 @@ def test_damaged_inventory_is_one_line(tmp_path: Path, key: str, value: Any) -> 
         store.read(config)
     spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=0"])
     with pytest.raises(InventoryError):
-        pipeline.run(spec, config)
+        decide_mod.run(spec, config)
 
 
 # --- the config loader: one line for every malformed file ---------------------------------------
@@ -157,7 +159,7 @@ def test_deeply_nested_config_is_one_line_not_a_segfault(tmp_path: Path) -> None
         [
             sys.executable,
             "-c",
-            "from gpuhook import cli; raise SystemExit(cli.run(__import__('sys').argv[1:]))",
+            "import sys; from gpuhook.cli import commands; sys.exit(commands.run(sys.argv[1:]))",
             "config",
             "validate",
             str(path),
@@ -181,14 +183,14 @@ def test_next_record_write_removes_a_killed_writers_temps(tmp_path: Path) -> Non
     dead = 2**22 + 12345  # above pid_max's default: no such process
     stale = bundle / f".gpuhook-decision.json.gpuhook-tmp-{dead}-0badc0de"
     stale.write_text("{partial")
-    record = records.build("c1", str(bundle), None)
-    assert records.write(config, "c1", str(bundle), record) == ""
+    record = writer.build("c1", str(bundle), None)
+    assert writer.write(config, "c1", str(bundle), record) == ""
     assert sorted(p.name for p in bundle.iterdir()) == ["gpuhook-decision.json"]
     # the link is re-pointed through a temp too: a killed re-point leaves one behind
     other = tmp_path / "other"
     other.mkdir()
     stale_link = state / "containers" / f".c1.json.gpuhook-tmp-{dead}-0badc0de"
     stale_link.symlink_to("nowhere")
-    assert records.write(config, "c1", str(other), record) == ""
+    assert writer.write(config, "c1", str(other), record) == ""
     assert sorted(p.name for p in (state / "containers").iterdir()) == ["c1.json"]
     assert os.readlink(state / "containers" / "c1.json") == str(other / "gpuhook-decision.json")

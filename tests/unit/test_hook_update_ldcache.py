@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhook import pipeline
+from gpuhook.runtime import decide
 from tests import factories as f
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def test_rootfs_form_runs_ldconfig_chrooted_with_explicit_env(
 
 
 def test_sh_dispatcher_bounds_ldconfig(fake_ldconfig: Path, tmp_path: Path) -> None:
-    """The bounds of gpuhook.hooks (heap, CPU time) hold for the sh implementation too."""
+    """The bounds of gpuhook.runtime.hooks (heap, CPU time) hold for the sh implementation too."""
     rootfs = tmp_path / "rootfs"
     rootfs.mkdir()
     result = _run([str(DISPATCHER)], "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs))
@@ -226,7 +226,7 @@ def test_legacy_form_finds_the_rootfs_through_the_oci_state(
 
 def test_shim_writes_the_rootfs_form() -> None:
     """The hook gpuhook-runtime writes names the rootfs it resolved at create time."""
-    out = pipeline.run(
+    out = decide.run(
         f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"]),
         f.config(),
         inventory_source=lambda _c: f.inventory(8),
@@ -243,11 +243,11 @@ def test_shim_writes_the_rootfs_form() -> None:
         "--folder",
         FOLDER,
     ]
-    assert pipeline.rootfs_of("/run/bundles/c1", {"root": {"path": "rootfs"}}) == (
+    assert decide.rootfs_of("/run/bundles/c1", {"root": {"path": "rootfs"}}) == (
         "/run/bundles/c1/rootfs"
     )
-    assert pipeline.rootfs_of("/b", {"root": {"path": "/abs/root"}}) == "/abs/root"
-    assert pipeline.rootfs_of("/b", {}) == ""
+    assert decide.rootfs_of("/b", {"root": {"path": "/abs/root"}}) == "/abs/root"
+    assert decide.rootfs_of("/b", {}) == ""
 
 
 def test_dispatcher_is_posix_sh() -> None:
@@ -260,7 +260,8 @@ def test_dispatcher_is_posix_sh() -> None:
 def test_sh_dispatcher_hands_a_failed_run_to_python_which_logs_it(
     fake_ldconfig: Path, tmp_path: Path
 ) -> None:
-    """A failing ldconfig run by the dispatcher is logged as gpuhook.hooks logs it: one warning
+    """A failing ldconfig run by the dispatcher is logged as gpuhook.runtime.hooks logs it: one
+    warning
     event in the config's log file, bound to the container of the OCI state; ldconfig ran once."""
     from tests.logcapture import log_lines
 
@@ -299,7 +300,7 @@ def test_sh_dispatcher_hands_a_failed_run_to_python_which_logs_it(
 
 def test_at_debug_level_the_hook_runs_in_python_which_logs_every_refresh() -> None:
     """Without --rootfs the dispatcher hands the hook to Python (which logs "ldcache refreshed")."""
-    out = pipeline.run(
+    out = decide.run(
         f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"]),
         f.config(log__level="debug"),
         inventory_source=lambda _c: f.inventory(8),

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuhook.errors import CheckpointError
-from gpuhook.kubelet import allocation_from_bytes, read_allocation
+from gpuhook.pipeline.kubelet import allocation_from_bytes, read_allocation
 
 
 def checkpoint(entries: list[dict[str, object]]) -> bytes:

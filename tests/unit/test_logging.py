@@ -19,7 +19,8 @@ import pytest
 import testbed
 
 from gpuhook import config as config_mod
-from gpuhook import hooks, log, pipeline, shim
+from gpuhook import log
+from gpuhook.runtime import decide, hooks, shim
 from tests import factories as f
 from tests.logcapture import Exec, captured, fake_execv, log_lines, paper_node
 
@@ -205,7 +206,7 @@ def test_hooks_get_the_config_and_debug_switch_and_nothing_else(
 
     def hook_env() -> tuple[str, ...]:
         cfg = config_mod.load(str(path), use_cache=False)
-        out = pipeline.run(spec, cfg, inventory_source=lambda _c: f.inventory())
+        out = decide.run(spec, cfg, inventory_source=lambda _c: f.inventory())
         return out.edits.hooks[0].env
 
     base = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"GPUHOOK_CONFIG={path}")

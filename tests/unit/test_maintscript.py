@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhook import maintscript as m
+from gpuhook.engines import maintscript as m
 
 CONTAINERD_V2 = """
 version = 2
@@ -145,14 +145,14 @@ def test_removal_warning_and_hint_lines(tmp_path: Path) -> None:
 def test_main_exit_codes_and_streams() -> None:
     for verb in ("default-runtime-warning", "configure-hint"):
         out = subprocess.run(
-            [sys.executable, "-m", "gpuhook.maintscript", verb],
+            [sys.executable, "-m", "gpuhook.engines.maintscript", verb],
             capture_output=True,
             text=True,
             check=False,
         )
         assert out.returncode == 0, out.stderr
     bad = subprocess.run(
-        [sys.executable, "-m", "gpuhook.maintscript", "nope"],
+        [sys.executable, "-m", "gpuhook.engines.maintscript", "nope"],
         capture_output=True,
         text=True,
         check=False,

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
-from gpuhook.cli import main as cli
+from gpuhook.cli.commands import main as cli
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuhook import devices
-from gpuhook.model import DeviceNode, Gpu, Inventory, MigDevice
+from gpuhook.model.inventory import DeviceNode, Gpu, Inventory, MigDevice
+from gpuhook.pipeline import devices
 from tests import factories as f
 
 

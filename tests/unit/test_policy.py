@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhook import policy, request
 from gpuhook.errors import RequestError
-from gpuhook.kubelet import Allocation
-from gpuhook.model import Decision
+from gpuhook.model.decision import Decision
+from gpuhook.pipeline import policy, request
+from gpuhook.pipeline.kubelet import Allocation
 from tests import factories as f
 
 INV = f.inventory(8, {6: 3})

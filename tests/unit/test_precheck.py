@@ -10,7 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhook import request
+from gpuhook import markers
+from gpuhook.pipeline import request
 from tests import factories as f
 
 _ids = st.sampled_from(["0", "all", "none", "void", "", "GPU-abc", "nvidia.com/gpu=1", "1:0"])
@@ -80,12 +81,12 @@ def test_precheck_never_misses_a_request(spec: dict[str, Any], ascii_only: bool,
     ):
         assert json.loads(text) == spec
         if request.parse(json.loads(text)).channels:
-            assert request.may_request_gpu(text.encode())
+            assert markers.may_request_gpu(text.encode())
 
 
 def test_precheck_says_no_for_a_plain_container() -> None:
-    assert not request.may_request_gpu(json.dumps(f.spec(annotations=f.k8s())).encode())
+    assert not markers.may_request_gpu(json.dumps(f.spec(annotations=f.k8s())).encode())
 
 
 def test_precheck_escape_means_full_parse() -> None:
-    assert request.may_request_gpu(b'{"a": "\\u0041"}')
+    assert markers.may_request_gpu(b'{"a": "\\u0041"}')

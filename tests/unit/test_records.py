@@ -12,24 +12,26 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gpuhook import containers, pipeline, records, request
 from gpuhook.config import Config
 from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
-from gpuhook.kubelet import Allocation
+from gpuhook.pipeline import flow, request
+from gpuhook.pipeline.kubelet import Allocation
+from gpuhook.records import lookup, writer
+from gpuhook.runtime import decide as decide_mod
 from tests import factories as f
 
-VALIDATOR = jsonschema.Draft7Validator(containers.schema())
+VALIDATOR = jsonschema.Draft7Validator(lookup.schema())
 
 
 def schema_errors(record: dict[str, Any]) -> list[str]:
     return [f"{list(e.absolute_path)}: {e.message}" for e in VALIDATOR.iter_errors(record)]
 
 
-def decide(spec: dict[str, Any], allocated: tuple[str, ...] = ()) -> pipeline.Outcome:
+def decide(spec: dict[str, Any], allocated: tuple[str, ...] = ()) -> flow.Outcome:
     def checkpoint(path: str, uid: str, name: str) -> Allocation:
         return Allocation(uid, name, (("nvidia.com/gpu", allocated),) if allocated else (), path)
 
-    return pipeline.run(
+    return decide_mod.run(
         spec,
         f.config(),
         inventory_source=lambda _c: f.inventory(mig={6: 2}),
@@ -37,8 +39,8 @@ def decide(spec: dict[str, Any], allocated: tuple[str, ...] = ()) -> pipeline.Ou
     )
 
 
-def build(outcome: pipeline.Outcome | None, **kw: Any) -> dict[str, Any]:
-    return records.build(
+def build(outcome: flow.Outcome | None, **kw: Any) -> dict[str, Any]:
+    return writer.build(
         "c1", "/b/c1", outcome, runtime="/usr/sbin/runc", root="/run/r", config="/c.yaml", **kw
     )
 
@@ -113,7 +115,7 @@ def test_undecided_records_follow_the_schema() -> None:
     assert schema_errors(parsed) == []
     assert parsed["kubernetes"]["pod_name"] == "trainer"
     assert parsed["request"]["channels"] == []
-    assert parsed["decision"]["reasons"][0]["why"] == records.NO_REQUEST
+    assert parsed["decision"]["reasons"][0]["why"] == writer.NO_REQUEST
 
 
 def test_the_schema_rejects_what_is_not_a_record() -> None:
@@ -138,10 +140,10 @@ def state_config(state_dir: Path) -> Config:
 def write_record(config: Config, cid: str, bundle: Path, ts: float | None = None) -> dict[str, Any]:
     bundle.mkdir(parents=True, exist_ok=True)
     out = decide(f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"]))
-    record = records.build(cid, str(bundle), out, runtime="/usr/sbin/runc", root="/run/r")
+    record = writer.build(cid, str(bundle), out, runtime="/usr/sbin/runc", root="/run/r")
     if ts is not None:
         record["timestamp"] = ts
-    assert records.write(config, cid, str(bundle), record) == ""
+    assert writer.write(config, cid, str(bundle), record) == ""
     return record
 
 
@@ -149,9 +151,9 @@ def test_write_links_the_record_and_relinks_a_reused_id(tmp_path: Path) -> None:
     config = state_config(tmp_path / "state")
     write_record(config, "abc", tmp_path / "b1")
     link = tmp_path / "state" / "containers" / "abc.json"
-    assert os.readlink(link) == str(tmp_path / "b1" / records.RECORD_NAME)
+    assert os.readlink(link) == str(tmp_path / "b1" / writer.RECORD_NAME)
     write_record(config, "abc", tmp_path / "b2")
-    assert os.readlink(link) == str(tmp_path / "b2" / records.RECORD_NAME)
+    assert os.readlink(link) == str(tmp_path / "b2" / writer.RECORD_NAME)
     assert sorted(os.listdir(link.parent)) == ["abc.json"]
 
 
@@ -162,13 +164,13 @@ def test_write_failures_are_one_line_never_exceptions(tmp_path: Path) -> None:
     bundle = tmp_path / "b"
     bundle.mkdir()
     record = build(None)
-    failure = records.write(config, "c1", str(bundle), record)
+    failure = writer.write(config, "c1", str(bundle), record)
     assert failure.startswith(f"cannot link decision record {blocker}/state/containers/c1.json")
     assert "\n" not in failure
-    assert (bundle / records.RECORD_NAME).exists()  # the record itself is there
-    gone = records.write(state_config(tmp_path / "s"), "c1", str(tmp_path / "nope"), record)
+    assert (bundle / writer.RECORD_NAME).exists()  # the record itself is there
+    gone = writer.write(state_config(tmp_path / "s"), "c1", str(tmp_path / "nope"), record)
     assert gone.startswith(f"cannot write decision record {tmp_path}/nope/")
-    assert records.write(config, "../x", str(bundle), record).startswith("container id '../x'")
+    assert writer.write(config, "../x", str(bundle), record).startswith("container id '../x'")
 
 
 # --- finding ------------------------------------------------------------------------------------
@@ -184,15 +186,15 @@ def three(tmp_path: Path) -> Config:
 
 
 def test_find_by_id_and_unique_prefix(three: Config) -> None:
-    assert containers.find(three, "aaa111").container_id == "aaa111"
-    entry = containers.find(three, "bb")
+    assert lookup.find(three, "aaa111").container_id == "aaa111"
+    entry = lookup.find(three, "bb")
     assert entry.container_id == "bbb333" and entry.record is not None
     assert entry.record["container_id"] == "bbb333"
 
 
 def test_ambiguous_prefix_is_one_line_naming_the_candidates(three: Config) -> None:
     with pytest.raises(AmbiguousIdError) as info:
-        containers.find(three, "aaa")
+        lookup.find(three, "aaa")
     assert str(info.value) == (
         "container id prefix 'aaa' matches 2 records: aaa111, aaa222; give more characters"
     )
@@ -201,26 +203,26 @@ def test_ambiguous_prefix_is_one_line_naming_the_candidates(three: Config) -> No
 
 def test_no_record_says_why_and_how_to_get_one(three: Config, tmp_path: Path) -> None:
     with pytest.raises(RecordNotFoundError) as info:
-        containers.find(three, "zzz")
+        lookup.find(three, "zzz")
     line = str(info.value)
     assert line.startswith(f"no decision record for container 'zzz' in {three.records_dir}: ")
     assert "created by another runtime or before gpuhook became the engine's runtime" in line
     assert "gpuhook runtime configure --runtime docker|containerd --set-as-default" in line
     empty = state_config(tmp_path / "empty")
     with pytest.raises(RecordNotFoundError, match="does not exist, so gpuhook-runtime has not"):
-        containers.find(empty, "zzz")
+        lookup.find(empty, "zzz")
 
 
 def test_a_deleted_container_is_reported_as_deleted(three: Config, tmp_path: Path) -> None:
-    (tmp_path / "bbb333" / records.RECORD_NAME).unlink()
+    (tmp_path / "bbb333" / writer.RECORD_NAME).unlink()
     (tmp_path / "bbb333").rmdir()
     with pytest.raises(RecordNotFoundError) as info:
-        containers.find(three, "bbb")
+        lookup.find(three, "bbb")
     assert str(info.value) == (
         f"container bbb333 was deleted: its bundle {tmp_path}/bbb333 is gone, and its decision "
         "record with it (gpuhook gc removes the stale link)"
     )
-    entries = containers.scan(three.records_dir)
+    entries = lookup.scan(three.records_dir)
     assert [(e.container_id, e.state) for e in entries] == [
         ("aaa111", "live"),
         ("aaa222", "live"),
@@ -237,7 +239,7 @@ def test_gc_removes_links_of_deleted_containers_only(tmp_path: Path) -> None:
     for cid in ("alive", "gone", "unknown", "dangling"):
         write_record(config, cid, tmp_path / cid, ts=old)
     write_record(config, "fresh", tmp_path / "fresh")
-    (tmp_path / "dangling" / records.RECORD_NAME).unlink()
+    (tmp_path / "dangling" / writer.RECORD_NAME).unlink()
     folder = Path(config.records_dir)
     leftover = folder / "x.json.123.tmp"
     os.symlink("/nowhere", leftover)
@@ -251,9 +253,9 @@ def test_gc_removes_links_of_deleted_containers_only(tmp_path: Path) -> None:
         )
 
     before = sorted(os.listdir(folder))
-    dry = containers.gc(config, dry_run=True, probe=probe)
+    dry = lookup.gc(config, dry_run=True, probe=probe)
     assert sorted(os.listdir(folder)) == before
-    report = containers.gc(config, probe=probe)
+    report = lookup.gc(config, probe=probe)
     for r in (dry, report):
         assert sorted(i.container_id for i in r.removed) == ["dangling", "gone", "x.json.123.tmp"]
         kept = {i.container_id: i.reason for i in r.items if not i.removed}
@@ -271,11 +273,11 @@ def test_runtime_state_needs_two_witnesses(tmp_path: Path) -> None:
     fake.chmod(0o755)
     root = tmp_path / "root"
     (root / "half").mkdir(parents=True)
-    assert containers.runtime_state(str(fake), str(root), "alive")[0] is True
-    state, why = containers.runtime_state(str(fake), str(root), "gone")
+    assert lookup.runtime_state(str(fake), str(root), "alive")[0] is True
+    state, why = lookup.runtime_state(str(fake), str(root), "gone")
     assert state is False and why.startswith(f"not in runc state (root {root})")
-    assert containers.runtime_state(str(fake), str(root), "half")[0] is None
-    assert containers.runtime_state(str(tmp_path / "nope"), str(root), "x") == (
+    assert lookup.runtime_state(str(fake), str(root), "half")[0] is None
+    assert lookup.runtime_state(str(tmp_path / "nope"), str(root), "x") == (
         None,
         f"cannot tell: runtime {tmp_path}/nope not found",
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuhook import registration as r
+from gpuhook.engines import registration as r
 from gpuhook.errors import RegistrationError
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "registration"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhook.cli import run
+from gpuhook.cli.commands import run
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "registration"
 RT = "/usr/bin/gpuhook-runtime"

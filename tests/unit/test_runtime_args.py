@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhook.runtime_args import parse
+from gpuhook.runtime.runc_argv import parse
 
 
 def test_containerd_shim_create() -> None:

@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
-from gpuhook import edits, pipeline, request, sharing
+from gpuhook import config as config_mod
 from gpuhook.errors import ConfigError, MpsError, RequestError, UsageError
-from gpuhook.model import KIND_GPU, KIND_MIG, Decision, DeviceRef
+from gpuhook.model.decision import KIND_GPU, KIND_MIG, Decision, DeviceRef
+from gpuhook.pipeline import apply, flow, request, sharing
+from gpuhook.runtime import decide
 from tests import factories as f
 from tests.imports import loaded
 
@@ -65,13 +67,13 @@ def refusal(decision: Decision, annotations: dict[str, str] | None = None, **mps
     ],
 )
 def test_parse_size(text: str, expected: int) -> None:
-    assert sharing.parse_size(text) == expected
+    assert config_mod.parse_size(text) == expected
 
 
 @pytest.mark.parametrize("text", ["8X", "", "10", "G", "1.2.3G", "-1G", "0M", "512K", "1e3M", 12])
 def test_parse_size_refuses(text: object) -> None:
     with pytest.raises(ValueError, match=r"is not a size|less than 1M"):
-        sharing.parse_size(text)
+        config_mod.parse_size(text)
 
 
 @pytest.mark.parametrize(
@@ -87,8 +89,8 @@ def test_parse_size_refuses(text: object) -> None:
     ],
 )
 def test_check_gpu_id(gpu_id: str, problem: str) -> None:
-    assert (problem in sharing.check_gpu_id(gpu_id)) and bool(problem) == bool(
-        sharing.check_gpu_id(gpu_id)
+    assert (problem in config_mod.check_gpu_id(gpu_id)) and bool(problem) == bool(
+        config_mod.check_gpu_id(gpu_id)
     )
 
 
@@ -352,8 +354,8 @@ def run(
     probe: int | None = 4242,
     usage: dict[str, tuple[int, int]] | None = None,
     **mps: Any,
-) -> pipeline.Outcome:
-    return pipeline.run(
+) -> flow.Outcome:
+    return decide.run(
         spec,
         cfg(**mps),
         inventory_source=lambda _c: INV,
@@ -382,7 +384,7 @@ def test_pipeline_injects_mps_and_replaces_the_images_values() -> None:
     mounts = {m["destination"]: m for m in out.spec["mounts"]}
     assert mounts["/run/gpuhook/mps/pipe"]["source"] == "/run/gpuhook/mps/gpu1/pipe"
     assert out.mps is not None and out.edits.replace_mounts == ("/dev/shm",)
-    assert edits.apply(out.spec, out.edits) == out.spec  # idempotent
+    assert apply.apply(out.spec, out.edits) == out.spec  # idempotent
 
 
 def test_shm_replaces_the_containers_own_dev_shm() -> None:
@@ -419,7 +421,7 @@ def test_pipeline_memory_check_reads_usage_only_under_reject() -> None:
         run(spec, usage=full, gpus=[0], pinned_memory_limit="40G")
     calls: list[int] = []
     config = cfg(gpus=[0], pinned_memory_limit="40G", oversubscription="allow")
-    pipeline.run(
+    decide.run(
         spec,
         config,
         inventory_source=lambda _c: INV,
@@ -438,4 +440,11 @@ def test_non_mps_gpu_containers_are_untouched_by_mps() -> None:
 def test_the_mps_create_path_imports_nothing_heavy() -> None:
     heavy = {"typing", "dataclasses", "re", "pathlib", "json", "subprocess", "tempfile", "copy"}
     heavy |= {"contextlib", "yaml", "jsonschema", "structlog", "click", "pynvml"}
-    assert loaded("from gpuhook import pipeline, sharing, mps, records", heavy) == []
+    assert (
+        loaded(
+            "from gpuhook.pipeline import flow, sharing; from gpuhook.mps import daemons; "
+            "from gpuhook.records import writer",
+            heavy,
+        )
+        == []
+    )

@@ -1,0 +1,6 @@
+"""The node inventory, off the hot path: NVML (:mod:`.nvml`, the only pynvml import), the
+driver-root scan (:mod:`.driverroot`, :mod:`.ldcache`, :mod:`.elf`), the capability catalog
+(:mod:`.catalog`) and the inventory file (:mod:`.store`).
+
+May import: gpuhook.model, the top-level modules.
+"""

@@ -16,7 +16,7 @@ from gpuhook.inventory import catalog
 
 # elf and ldcache (and struct under them) are imported by the scan functions only: the
 # container-create path imports this module just for staleness_key().
-from gpuhook.model import DeviceNode, HostFile, Library
+from gpuhook.model.inventory import DeviceNode, HostFile, Library
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

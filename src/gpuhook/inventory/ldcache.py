@@ -37,7 +37,7 @@ from __future__ import annotations
 import struct
 import sys
 
-from gpuhook.model import Frozen, _init
+from gpuhook.model.frozen import Frozen, _init
 
 __all__ = ["HWCAP_EXTENSION", "CacheEntry", "LdCacheError", "arch_of", "parse", "read"]
 

@@ -15,7 +15,7 @@ from gpuhook import _fastjson
 from gpuhook.errors import InventoryError
 from gpuhook.fsutil import FileLock, atomic_write
 from gpuhook.inventory import driverroot
-from gpuhook.model import Gpu, Inventory, MigDevice
+from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import os
 import time
 
 from gpuhook import config as config_mod
-from gpuhook import engine_configs
+from gpuhook.engines import readers
 from gpuhook.errors import ConfigError
 
 TYPE_CHECKING = False
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from gpuhook.config import Config
     from gpuhook.inventory.store import Status
-    from gpuhook.model import Inventory
+    from gpuhook.model.inventory import Inventory
 
     CheckFunction = Callable[["Node"], "Result | list[Result]"]
 
@@ -66,14 +66,14 @@ class Node:
         self,
         config_file: str | None = None,
         *,
-        docker_config: str = engine_configs.DEFAULT_PATHS[engine_configs.DOCKER],
-        containerd_config: str = engine_configs.DEFAULT_PATHS[engine_configs.CONTAINERD],
+        docker_config: str = readers.DEFAULT_PATHS[readers.DOCKER],
+        containerd_config: str = readers.DEFAULT_PATHS[readers.CONTAINERD],
         now: float | None = None,
     ) -> None:
         self.config_file = config_file
         self.engine_paths = {
-            engine_configs.DOCKER: docker_config,
-            engine_configs.CONTAINERD: containerd_config,
+            readers.DOCKER: docker_config,
+            readers.CONTAINERD: containerd_config,
         }
         self.now = time.time() if now is None else now
         self.config: Config | None = None
@@ -83,7 +83,7 @@ class Node:
         except ConfigError as exc:
             self.config_error = exc
         self._status: Status | None = None
-        self._engines: dict[str, engine_configs.Registration] = {}
+        self._engines: dict[str, readers.Registration] = {}
 
     def need_config(self) -> Config:
         if self.config is None:
@@ -100,9 +100,9 @@ class Node:
     def inventory(self) -> Inventory | None:
         return self.inventory_status().inventory
 
-    def engine(self, engine: str) -> engine_configs.Registration:
+    def engine(self, engine: str) -> readers.Registration:
         if engine not in self._engines:
-            self._engines[engine] = engine_configs.read(engine, self.engine_paths[engine])
+            self._engines[engine] = readers.read(engine, self.engine_paths[engine])
         return self._engines[engine]
 
 
@@ -213,7 +213,7 @@ def check_inventory(node: Node) -> Result:
             "containers get what it says",
             fix,
         )
-    from gpuhook.render import age
+    from gpuhook.cli.render import age
 
     built = age(node.now - inv.generated_at)
     if not inv.gpus:
@@ -432,7 +432,7 @@ def _engine_result(node: Node, engine: str) -> Result:
         f"gpuhook runtime configure --runtime {engine} --set-as-default, then: "
         f"systemctl restart {service}"
     )
-    daemon = "dockerd" if engine == engine_configs.DOCKER else "containerd"
+    daemon = "dockerd" if engine == readers.DOCKER else "containerd"
     if not reg.exists:
         if config_mod.which(daemon):
             return Result(
@@ -483,18 +483,18 @@ def _engine_result(node: Node, engine: str) -> Result:
 
 @register("docker", needs_config=False)
 def check_docker(node: Node) -> Result:
-    return _engine_result(node, engine_configs.DOCKER)
+    return _engine_result(node, readers.DOCKER)
 
 
 @register("containerd", needs_config=False)
 def check_containerd(node: Node) -> Result:
-    return _engine_result(node, engine_configs.CONTAINERD)
+    return _engine_result(node, readers.CONTAINERD)
 
 
 @register("engines", needs_config=False)
 def check_engines(node: Node) -> list[Result]:
     """Only speaks when nothing registers gpuhook and neither engine check failed already."""
-    regs = [node.engine(e) for e in (engine_configs.DOCKER, engine_configs.CONTAINERD)]
+    regs = [node.engine(e) for e in (readers.DOCKER, readers.CONTAINERD)]
     if any(r.gpuhook_runtimes for r in regs):
         return []
     if any(r.exists and (r.error or not r.gpuhook_runtimes) for r in regs):
@@ -514,8 +514,9 @@ def check_engines(node: Node) -> list[Result]:
 def check_mps(node: Node) -> list[Result]:
     """The control daemon of every MPS share group: a container granted a GPU of a group whose
     daemon is down fails to start."""
-    from gpuhook import mps, sharing
     from gpuhook.errors import GpuhookError
+    from gpuhook.mps import daemons
+    from gpuhook.pipeline import sharing
 
     config = node.need_config()
     if not config.mps.enabled:
@@ -530,7 +531,7 @@ def check_mps(node: Node) -> list[Result]:
     results = []
     for group in groups:
         pipe = group.pipe_dir(config.mps.root)
-        pid = mps.control_pid(pipe)
+        pid = daemons.control_pid(pipe)
         gpus = ",".join(str(g.index) for g in group.gpus)
         if pid is None:
             results.append(
@@ -613,8 +614,9 @@ def check_log_dir(node: Node) -> Result:
 
 @register("kubelet checkpoint")
 def check_kubelet(node: Node) -> Result:
-    from gpuhook import _fastjson, kubelet
+    from gpuhook import _fastjson
     from gpuhook.errors import CheckpointError
+    from gpuhook.pipeline import kubelet
 
     config = node.need_config()
     name = "kubelet checkpoint"

@@ -4,21 +4,22 @@ Most containers on a node ask for no GPU, and each one's ``create`` starts the s
 full path imports :mod:`os` (which alone costs about a third of the interpreter's own start,
 through ``_collections_abc``), the config machinery and the record writer. This module does the
 same job for a spec that the byte pre-check clears, importing nothing but built-in modules
-(``posix``, ``time``: both loaded with the interpreter) and :mod:`gpuhook.runtime_args`:
+(``posix``, ``time``: both loaded with the interpreter) and :mod:`gpuhook.runtime.runc_argv`:
 
-1. parse the runc argv (:mod:`gpuhook.runtime_args`, the shim's own parser);
-2. read ``<bundle>/config.json`` and run the byte pre-check (:func:`may_request_gpu`);
+1. parse the runc argv (:mod:`gpuhook.runtime.runc_argv`, the shim's own parser);
+2. read ``<bundle>/config.json`` and run the byte pre-check (:func:`gpuhook.markers.may_request_gpu`);
 3. read this module's cache beside the compiled config
    (``/run/gpuhook/config/<config path>/fastpath``), valid only for the config file's identity
-   (device, inode, size, mtime), gpuhook's version and the identity of ``records.py``;
+   (device, inode, size, mtime), gpuhook's version and the identity of ``records/writer.py``;
 4. write the decision record from the cached template (the shim's full path rendered it with
-   :func:`gpuhook.records.build`, so the record format has one owner) and its link, as
-   :func:`gpuhook.records.write` does;
+   :func:`gpuhook.records.writer.build`, so the record format has one owner) and its link, as
+   :func:`gpuhook.records.writer.write` does;
 5. ``execv`` the low-level runtime with the untouched argv.
 
 Whenever anything is unusual (no cache yet or a stale one, debug logging, a relative config
 path, a container id or bundle path that would need escaping, a file that cannot be read, the
-records folder missing) it returns and the full path (:mod:`gpuhook.shim`) handles the create
+records folder missing) it returns and the full path
+(:mod:`gpuhook.runtime.shim`) handles the create
 as before, writing the cache for the next container. The fast path never reports an error
 itself and never blocks a container.
 """
@@ -26,7 +27,8 @@ itself and never blocks a container.
 import posix
 import time
 
-from gpuhook import runtime_args
+from gpuhook import markers
+from gpuhook.runtime import runc_argv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,7 +37,8 @@ if TYPE_CHECKING:
 # No ``from __future__ import annotations`` (its import costs ~0.15 ms): annotations here are
 # evaluable at runtime.
 
-# Mirrors of gpuhook.config / gpuhook.records / gpuhook.fsutil constants (a unit test keeps them
+# Mirrors of gpuhook.config / gpuhook.records.writer / gpuhook.fsutil constants (a unit test keeps
+# them
 # equal; importing those modules is what this one avoids).
 ENV_CONFIG = b"GPUHOOK_CONFIG"
 ENV_DEBUG = b"GPUHOOK_DEBUG"
@@ -53,32 +56,9 @@ MARK_BUNDLE = "@@gpuhook:bundle@@"
 MARK_TIME = "@@gpuhook:timestamp@@"
 MARK_ROOT = "@@gpuhook:runtime-root@@"
 
-# Byte strings whose absence from config.json proves that no channel can carry a request
-# (gpuhook.request re-exports them; a unit test checks them against its channels). JSON may
-# escape '/' as '\/' and any character as '\uXXXX'; a file containing "\u" always gets the full
-# parse, and none of these markers contains '/'.
-PRECHECK_MARKERS = (
-    b"NVIDIA_VISIBLE_DEVICES",
-    b"cdi.k8s.io",
-    b"nvidia-container-devices",
-    b"nvidia-container-runtime-hook",
-)
-
-# runc's container id alphabet (gpuhook.records.valid_id); other ids take the full path.
+# runc's container id alphabet (gpuhook.records.writer.valid_id); other ids take the full path.
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-.")
 _MAX_SPEC = 64 << 20
-
-
-def may_request_gpu(raw: bytes) -> bool:
-    """Byte-level pre-check: False proves that the spec carries no GPU request at all.
-
-    Sound by construction: every channel :func:`gpuhook.request.parse` recognises needs one of
-    the markers to appear literally, unless the file uses ``\\u`` escapes (then this returns
-    True).
-    """
-    if b"\\u" in raw:
-        return True
-    return any(marker in raw for marker in PRECHECK_MARKERS)
 
 
 def create(argv: list[str]) -> None:
@@ -91,7 +71,7 @@ def create(argv: list[str]) -> None:
 
 
 def _create(argv: list[str]) -> None:
-    args = runtime_args.parse(argv[1:])
+    args = runc_argv.parse(argv[1:])
     if not args.is_create:
         return
     cid = args.container_id
@@ -102,7 +82,7 @@ def _create(argv: list[str]) -> None:
     if not _json_safe(bundle) or not _json_safe(root):
         return
     raw = _read(bundle + "/config.json", _MAX_SPEC)
-    if raw is None or may_request_gpu(raw):
+    if raw is None or markers.may_request_gpu(raw):
         return
     config = config_file()
     if not config:
@@ -148,7 +128,7 @@ def _identity(config: str) -> bytes:
     from gpuhook import __version__
 
     st = posix.stat(config)
-    code = posix.stat(__file__.rpartition("/")[0] + "/records.py")
+    code = posix.stat(__file__.rpartition("/")[0].rpartition("/")[0] + "/records/writer.py")
     return (
         f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns} {__version__} "
         f"{code.st_size} {code.st_mtime_ns}"
@@ -212,9 +192,10 @@ def _remember(identity: bytes, loaded: "Config") -> None:
         return
     if not records_dir.startswith("/"):
         return
-    from gpuhook import _fastjson, records
+    from gpuhook import _fastjson
+    from gpuhook.records import writer
 
-    record = records.build(
+    record = writer.build(
         MARK_ID, MARK_BUNDLE, None, NOTE, runtime=runtime, root=MARK_ROOT, config=loaded.source
     )
     if not isinstance(record.get("timestamp"), float):
@@ -231,7 +212,7 @@ def _remember(identity: bytes, loaded: "Config") -> None:
             identity,
             runtime.encode(),
             records_dir.encode(),
-            records.RECORD_NAME.encode(),
+            writer.RECORD_NAME.encode(),
             template,
             b"",
         ]
@@ -306,7 +287,8 @@ def _write(path: str, data: bytes) -> bool:
 
 
 def _link(target: str, link: str) -> bool:
-    """Point ``link`` at ``target`` as gpuhook.records.write does. False only when the records
+    """Point ``link`` at ``target`` as gpuhook.records.writer.write does. False only when the
+    records
     folder does not exist (the full path creates it); other failures are ignored, as the full
     path ignores a non-GPU container's record failure."""
     try:

@@ -16,7 +16,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.model import ContainerEdits
+    from gpuhook.model.edits import ContainerEdits
 
 
 def validate(edits: ContainerEdits) -> None:

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuhook.config import Config
-    from gpuhook.model import Request
-    from gpuhook.pipeline import Outcome
+    from gpuhook.model.decision import Request
+    from gpuhook.pipeline.flow import Outcome
 
 RECORD_NAME = "gpuhook-decision.json"
 RECORD_VERSION = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gpuhook import _fastjson
 from gpuhook.errors import CheckpointError
-from gpuhook.model import Frozen, _init
+from gpuhook.model.frozen import Frozen, _init
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

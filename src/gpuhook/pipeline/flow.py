@@ -8,9 +8,9 @@ reads only the checkpoint.
 
 from __future__ import annotations
 
-from gpuhook import discover, edits, policy, request
 from gpuhook.errors import CheckpointError, MpsError, RequestError
-from gpuhook.model import Frozen, _init
+from gpuhook.model.frozen import Frozen, _init
+from gpuhook.pipeline import apply, inject, policy, request
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -18,9 +18,11 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuhook.config import Config
-    from gpuhook.kubelet import Allocation
-    from gpuhook.model import ContainerEdits, Decision, Inventory, Request
-    from gpuhook.sharing import MpsPlan
+    from gpuhook.model.decision import Decision, Request
+    from gpuhook.model.edits import ContainerEdits
+    from gpuhook.model.inventory import Inventory
+    from gpuhook.pipeline.kubelet import Allocation
+    from gpuhook.pipeline.sharing import MpsPlan
 
     InventorySource = Callable[[Config], Inventory]
     CheckpointSource = Callable[[str, str, str], Allocation]
@@ -76,55 +78,26 @@ class Outcome(Frozen):
         )
 
 
-def rootfs_of(bundle: str, spec: dict[str, Any]) -> str:
-    """The container's absolute rootfs (root.path against the bundle), "" when the spec has none
-    (runc rejects such a spec itself)."""
-    from gpuhook import ocispec
-    from gpuhook.errors import SpecError
-
-    try:
-        return ocispec.rootfs(bundle, spec)
-    except SpecError:
-        return ""
-
-
-def _default_inventory(config: Config) -> Inventory:
-    from gpuhook.inventory import store
-
-    return store.load_current(config)
-
-
-def _default_checkpoint(path: str, pod_uid: str, container: str) -> Allocation:
-    from gpuhook import kubelet
-
-    return kubelet.read_allocation(path, pod_uid, container)
-
-
-def _default_mps_probe(pipe_dir: str) -> int | None:
-    from gpuhook import mps
-
-    return mps.control_pid(pipe_dir)
-
-
 def run(
     spec: dict[str, Any],
     config: Config,
     *,
-    inventory_source: InventorySource | None = None,
-    checkpoint_source: CheckpointSource | None = None,
-    mps_probe: MpsProbe | None = None,
-    mps_usage_source: MpsUsageSource | None = None,
+    inventory_source: InventorySource,
+    checkpoint_source: CheckpointSource,
+    mps_probe: MpsProbe,
+    mps_usage_source: MpsUsageSource,
     rootfs: str = "",
 ) -> Outcome:
     """Decide and compute the new spec. Raises GpuhookError subclasses with one-line messages.
 
-    For a grant of MPS-shared GPUs, ``mps_probe`` tells whether the group's control daemon runs
-    (default: its pid file) and ``mps_usage_source`` gives the pinned memory limits of the live
-    containers (default: the decision records), read only under ``mps.oversubscription: reject``.
-    ``rootfs``: the container's absolute rootfs when known (see :func:`rootfs_of`).
+    The sources are the only I/O, each called only when the decision needs it (the runtime's
+    defaults are in :mod:`gpuhook.runtime.decide`): the inventory, the kubelet checkpoint, and for
+    a grant of MPS-shared GPUs whether the group's control daemon runs (``mps_probe``) and the
+    pinned memory limits of the live containers (``mps_usage_source``, read only under
+    ``mps.oversubscription: reject``). ``rootfs``: the container's absolute rootfs when known.
     """
     req = request.parse(spec)
-    load_inventory = inventory_source or _default_inventory
+    load_inventory = inventory_source
     cache: list[Inventory] = []
 
     def inventory() -> Inventory:
@@ -138,7 +111,7 @@ def run(
         kube = req.kubernetes
         if kube is None:  # needs_allocation() is only true for Kubernetes containers
             raise RequestError("internal: allocation needed without a Kubernetes identity")
-        reader = checkpoint_source or _default_checkpoint
+        reader = checkpoint_source
         try:
             allocation = reader(config.policy.checkpoint, kube.pod_uid, kube.container_name)
         except CheckpointError as exc:
@@ -152,7 +125,7 @@ def run(
         mps_plan = _mps(decision, inventory(), config, req, mps_probe, mps_usage_source)
     docker_hook = any(c.channel == "docker-gpus" for c in req.channels)
     try:
-        container_edits = discover.edits_for(
+        container_edits = inject.edits_for(
             decision,
             inventory() if decision.injects else None,
             config,
@@ -160,9 +133,9 @@ def run(
             mps_plan,
             rootfs,
         )
-    except discover.MissingDevice as exc:
+    except inject.MissingDevice as exc:
         raise RequestError(str(exc)) from None
-    new_spec = edits.apply(spec, container_edits) if not container_edits.is_empty() else spec
+    new_spec = apply.apply(spec, container_edits) if not container_edits.is_empty() else spec
     return Outcome(
         req,
         decision,
@@ -181,17 +154,17 @@ def _mps(
     inventory: Inventory,
     config: Config,
     req: Request,
-    probe: MpsProbe | None,
-    usage_source: MpsUsageSource | None,
+    probe: MpsProbe,
+    usage_source: MpsUsageSource,
 ) -> MpsPlan | None:
     """The MPS plan of a grant (None when it holds no MPS-shared GPU), checked against the
     daemon's state and, under ``reject``, the limits of the live containers."""
-    from gpuhook import sharing
+    from gpuhook.pipeline import sharing
 
     plan = sharing.plan(decision, inventory, config.mps, config.source, req)
     if plan is None:
         return None
-    if (probe or _default_mps_probe)(plan.pipe_dir) is None:
+    if probe(plan.pipe_dir) is None:
         gpus = ",".join(str(d.gpu_index) for d in plan.devices)
         what = "GPUs" if len(plan.devices) > 1 else "GPU"
         raise MpsError(
@@ -199,10 +172,5 @@ def _mps(
             f"start it: gpuhook mps start {plan.group}"
         )
     if config.mps.oversubscription == "reject" and any(d.counted for d in plan.devices):
-        if usage_source is None:
-            from gpuhook import records
-
-            sharing.check_memory(plan, records.mps_usage(config, ""), config.mps.oversubscription)
-        else:
-            sharing.check_memory(plan, usage_source(), config.mps.oversubscription)
+        sharing.check_memory(plan, usage_source(), config.mps.oversubscription)
     return plan

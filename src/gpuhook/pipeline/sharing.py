@@ -19,8 +19,11 @@ the live containers on a GPU add up to more than its memory. Every refusal is on
 
 from __future__ import annotations
 
+from gpuhook.config import GIB, MIB, parse_size
 from gpuhook.errors import ConfigError, RequestError, UsageError
-from gpuhook.model import KIND_GPU, Frozen, Mount, _init
+from gpuhook.model.decision import KIND_GPU
+from gpuhook.model.edits import Mount
+from gpuhook.model.frozen import Frozen, _init
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,7 +31,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuhook.config import MpsConfig
-    from gpuhook.model import Decision, Gpu, Inventory, Request
+    from gpuhook.model.decision import Decision, Request
+    from gpuhook.model.inventory import Gpu, Inventory
 
 ANN_PERCENTAGE = "gpuhook.io/mps-active-thread-percentage"
 ANN_PINNED = "gpuhook.io/mps-pinned-memory-limit"
@@ -43,44 +47,6 @@ SHM_IN_CONTAINER = "/dev/shm"  # noqa: S108 - a path inside the container
 PIPE_OPTIONS = ("nosuid", "nodev", "noexec", "bind")
 LOG_OPTIONS = ("ro", "nosuid", "nodev", "noexec", "bind")
 SHM_OPTIONS = ("nosuid", "nodev", "noexec", "bind")
-
-MIB = 1 << 20
-GIB = 1 << 30
-_UNITS = {"k": 1 << 10, "m": MIB, "g": GIB, "t": 1 << 40}
-
-
-# --- values ---------------------------------------------------------------------------------------
-
-
-def check_gpu_id(gpu_id: str) -> str:
-    """Why ``gpu_id`` cannot name an MPS-shared GPU in the config ("" when it can)."""
-    lowered = gpu_id.strip().lower()
-    if lowered.startswith("mig-") or (":" in lowered and lowered.replace(":", "").isdigit()):
-        return f"{gpu_id!r} is a MIG device; MIG devices cannot be MPS-shared"
-    if lowered == "all" or lowered.isdigit() or lowered.startswith("gpu-"):
-        return ""
-    return f"{gpu_id!r} is not a GPU index, a GPU UUID (GPU-...) or all"
-
-
-def parse_size(text: object) -> int:
-    """``512M``, ``20G``, ``1.5GiB`` -> bytes (binary units, as MPS reads them). Raises
-    ValueError with a one-line reason."""
-    if not isinstance(text, str):
-        raise ValueError(f"{text!r} is not a size (e.g. 512M or 20G)")
-    raw = text.strip()
-    lowered = raw.lower()
-    for suffix in ("ib", "b"):
-        if lowered.endswith(suffix) and len(lowered) > len(suffix) + 1:
-            lowered = lowered[: -len(suffix)]
-            break
-    unit = _UNITS.get(lowered[-1:]) if lowered else None
-    number = lowered[:-1]
-    if unit is None or not number or number.count(".") > 1 or not number.replace(".", "").isdigit():
-        raise ValueError(f"{text!r} is not a size (a number and a unit K, M, G or T: 512M, 20G)")
-    value = int(float(number) * unit) if "." in number else int(number) * unit
-    if value < MIB:
-        raise ValueError(f"{text!r} is less than 1M")
-    return value
 
 
 def format_size(n: int) -> str:

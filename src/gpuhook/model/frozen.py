@@ -1,5 +1,5 @@
 """The frozen base of gpuhook's value objects, on its own so that the runtime shim's fast path
-(:mod:`gpuhook.fastpath`, via :mod:`gpuhook.runtime_args`) can use it without importing
+(:mod:`gpuhook.runtime.fastpath`, via :mod:`gpuhook.runtime.runc_argv`) can use it without importing
 :mod:`gpuhook.model`. Import it from :mod:`gpuhook.model` elsewhere.
 
 No ``from __future__ import annotations`` here (importing ``__future__`` costs as much as this

@@ -1,6 +1,7 @@
 """OCI spec -> :class:`Request` (pure): what a container asks for, and through which channel.
 
-Nothing here decides trust; that is :mod:`gpuhook.policy`. The parser is lenient about parts
+Nothing here decides trust; that is :mod:`gpuhook.pipeline.policy`.
+The parser is lenient about parts
 of the spec that do not concern GPUs (a malformed spec is runc's to reject) and records
 malformed GPU requests as ``problems`` instead of raising, so that the policy can refuse an
 untrusted malformed request quietly and fail a trusted one with one line.
@@ -10,9 +11,8 @@ from __future__ import annotations
 
 import os
 
-from gpuhook import fastpath
 from gpuhook.errors import SpecError
-from gpuhook.model import (
+from gpuhook.model.decision import (
     CHANNEL_CDI,
     CHANNEL_DOCKER,
     CHANNEL_ENV,
@@ -39,9 +39,6 @@ DOCKER_HOOK = "nvidia-container-runtime-hook"
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 MAX_DEVICE_IDS = 256
 
-# The byte pre-check lives in gpuhook.fastpath (the shim's fast path runs it before importing
-# anything else); these names are kept for the rest of the code.
-PRECHECK_MARKERS = fastpath.PRECHECK_MARKERS
 
 # Kubernetes identity annotations: containerd's CRI plugin, then CRI-O.
 _K8S_KEYS = (
@@ -60,12 +57,6 @@ _K8S_KEYS = (
         "container": "io.kubernetes.container.name",
     },
 )
-
-
-def may_request_gpu(raw: bytes) -> bool:
-    """Byte-level pre-check: False proves that the spec carries no GPU request at all
-    (:func:`gpuhook.fastpath.may_request_gpu`)."""
-    return fastpath.may_request_gpu(raw)
 
 
 def parse(spec: Any) -> Request:

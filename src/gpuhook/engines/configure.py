@@ -1,6 +1,7 @@
 """The file side of ``gpuhook runtime configure|unconfigure``: read, plan, diff, back up, write.
 
-The edits themselves are pure (:mod:`gpuhook.registration`). Here: the engine's config file is
+The edits themselves are pure (:mod:`gpuhook.engines.registration`).
+Here: the engine's config file is
 read (a missing or empty file is a new one), the change is planned for every file involved (the
 main config and, for a containerd drop-in, the drop-in), and then either shown as a unified diff
 (``--dry-run``) or applied: each previous file is copied to ``<file>.gpuhook-backup-<UTC time>``,
@@ -17,10 +18,11 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
-from gpuhook import log, registration
+from gpuhook import log
+from gpuhook.engines import registration
 from gpuhook.errors import RegistrationError, UsageError
 from gpuhook.fsutil import atomic_write
-from gpuhook.model import Frozen, _init
+from gpuhook.model.frozen import Frozen, _init
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -1,6 +1,7 @@
 """MPS control daemons (I/O): start, stop and status of ``nvidia-cuda-mps-control``.
 
-One daemon per share group (:mod:`gpuhook.sharing`), started as ``nvidia-cuda-mps-control -d``
+One daemon per share group (:mod:`gpuhook.pipeline.sharing`), started as
+``nvidia-cuda-mps-control -d``
 from the inventory's driver binaries with an explicit environment (never the caller's):
 ``CUDA_VISIBLE_DEVICES`` = the group's GPU UUIDs, ``CUDA_MPS_PIPE_DIRECTORY`` =
 ``<mps.root>/<group>/pipe``, ``CUDA_MPS_LOG_DIRECTORY`` = ``<mps.root>/<group>/log``. The
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuhook.config import Config
-    from gpuhook.model import Inventory
-    from gpuhook.sharing import Group
+    from gpuhook.model.inventory import Inventory
+    from gpuhook.pipeline.sharing import Group
 
 CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -340,7 +341,7 @@ def _last_line(text: str) -> str:
 
 def daemons(config: Config, inventory: Inventory, names: tuple[str, ...]) -> list[Daemon]:
     """The daemons of the groups named by group name, GPU index or UUID (all when empty)."""
-    from gpuhook import sharing
+    from gpuhook.pipeline import sharing
 
     if not config.mps.enabled:
         raise MpsError(f"no GPU is MPS-shared: set mps.gpus or mps.groups in {config.source}")
@@ -353,7 +354,7 @@ def daemons(config: Config, inventory: Inventory, names: tuple[str, ...]) -> lis
 def node_state(config: Config, inventory: Inventory) -> dict[str, Any]:
     """Per GPU index: MPS group and daemon state, for ``gpuhook inspect node`` (no subprocess).
     ``{"error": ...}`` when the config does not fit the node."""
-    from gpuhook import sharing
+    from gpuhook.pipeline import sharing
 
     if not config.mps.enabled:
         return {"gpus": {}}

@@ -6,21 +6,24 @@ libraries of its capabilities, bind-mounted read-only under their real names and
 into ``inject.lib_dir`` (a tmpfs, so nothing is written into the image's layer); the driver
 binaries of its capabilities; the firmware and IPC sockets; a createContainer hook that refreshes
 the container's ld.so.cache; ``NVIDIA_VISIBLE_DEVICES`` set to what was granted; and, for
-MPS-shared GPUs, the edits of the :class:`gpuhook.sharing.MpsPlan` (pipe directory mount, MPS
+MPS-shared GPUs, the edits of the :class:`gpuhook.pipeline.sharing.MpsPlan` (pipe directory mount,
+MPS
 env, shm mount). A refused request gets ``NVIDIA_VISIBLE_DEVICES=void`` so that no other NVIDIA
 component acts on it.
 """
 
 from __future__ import annotations
 
-from gpuhook.model import KIND_MIG, ContainerEdits, DeviceNode, Hook, Mount
-from gpuhook.request import DOCKER_HOOK, ENV_CAPS, ENV_VISIBLE
+from gpuhook.model.decision import KIND_MIG
+from gpuhook.model.edits import ContainerEdits, Hook, Mount
+from gpuhook.pipeline.request import DOCKER_HOOK, ENV_CAPS, ENV_VISIBLE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuhook.config import Config
-    from gpuhook.model import Decision, Inventory
-    from gpuhook.sharing import MpsPlan
+    from gpuhook.model.decision import Decision
+    from gpuhook.model.inventory import DeviceNode, Inventory
+    from gpuhook.pipeline.sharing import MpsPlan
 
 RO_BIND = ("ro", "nosuid", "nodev", "bind")
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)

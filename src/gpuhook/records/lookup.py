@@ -2,7 +2,8 @@
 and collect the links of deleted containers (``gpuhook gc``).
 
 The shim writes each record into the container's bundle and links it as
-``<state_dir>/containers/<id>.json`` (:mod:`gpuhook.records`). The engine deletes the bundle with
+``<state_dir>/containers/<id>.json`` (:mod:`gpuhook.records.writer`).
+The engine deletes the bundle with
 the container, so a dangling link is a deleted container. A link that still resolves may belong
 to a container that the runtime no longer knows (``runc run`` returns after removing its
 container, an engine that keeps bundles): ``gc`` asks the runtime recorded in the record

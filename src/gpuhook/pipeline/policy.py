@@ -14,7 +14,7 @@ gets GPUs. Every decision carries its reasons.
 from __future__ import annotations
 
 from gpuhook.errors import RequestError
-from gpuhook.model import (
+from gpuhook.model.decision import (
     CHANNEL_CDI,
     CHANNEL_DOCKER,
     CHANNEL_ENV,
@@ -33,8 +33,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gpuhook.config import PolicyConfig
-    from gpuhook.kubelet import Allocation
-    from gpuhook.model import ChannelRequest, Inventory, Request
+    from gpuhook.model.decision import ChannelRequest, Request
+    from gpuhook.model.inventory import Inventory
+    from gpuhook.pipeline.kubelet import Allocation
 
 PRIORITY = (CHANNEL_CDI, CHANNEL_MOUNT, CHANNEL_DOCKER, CHANNEL_ENV)
 
@@ -155,7 +156,7 @@ def decide(
                 return refuse(
                     f"no nvidia.com/* devices are allocated to {who} in the kubelet checkpoint"
                 )
-            from gpuhook import devices
+            from gpuhook.pipeline import devices
 
             refs, errors = devices.resolve(ids, inventory())
             if errors:
@@ -204,7 +205,9 @@ def decide(
             reasons=tuple(reasons),
         )
 
-    from gpuhook import devices  # only a grant resolves devices (a refusal stays cheap)
+    from gpuhook.pipeline import (
+        devices,  # only a grant resolves devices (a refusal stays cheap)
+    )
 
     inv = inventory()
     if chosen.channel == CHANNEL_CDI:

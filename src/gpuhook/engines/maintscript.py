@@ -1,15 +1,16 @@
 """Checks run by the Debian package's maintainer scripts (stdlib only, no config needed).
 
-``python3 -I -m gpuhook.maintscript default-runtime-warning`` (prerm, on removal): warn on stderr
+``python3 -I -m gpuhook.engines.maintscript default-runtime-warning`` (prerm, on removal): warn
+on stderr
 for every container engine config that still makes gpuhook the default runtime. Removing gpuhook
 then leaves that engine with a default runtime whose executable is gone, and every container
 fails to start, so the operator must hear about it; the package never edits those files itself.
 
-``python3 -I -m gpuhook.maintscript configure-hint`` (postinst): print the ``gpuhook runtime
+``python3 -I -m gpuhook.engines.maintscript configure-hint`` (postinst): print the ``gpuhook runtime
 configure`` commands, unless an engine already uses gpuhook as its default runtime.
 
 Both always exit 0: a maintainer script must not fail over an advisory message. The engine configs
-are read by :mod:`gpuhook.engine_configs` (stdlib only, the reader ``gpuhook doctor`` uses too).
+are read by :mod:`gpuhook.engines.readers` (stdlib only, the reader ``gpuhook doctor`` uses too).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuhook import engine_configs
+from gpuhook.engines import readers
 
-DOCKER_CONFIG = engine_configs.DEFAULT_PATHS[engine_configs.DOCKER]
-CONTAINERD_CONFIG = engine_configs.DEFAULT_PATHS[engine_configs.CONTAINERD]
+DOCKER_CONFIG = readers.DEFAULT_PATHS[readers.DOCKER]
+CONTAINERD_CONFIG = readers.DEFAULT_PATHS[readers.CONTAINERD]
 CONFIGURE_COMMANDS = (
     "gpuhook runtime configure --runtime docker --set-as-default",
     "gpuhook runtime configure --runtime containerd --set-as-default",
@@ -38,7 +39,7 @@ class Finding:
         self.problem = problem
 
 
-def default_detail(reg: engine_configs.Registration) -> str:
+def default_detail(reg: readers.Registration) -> str:
     """What makes gpuhook the default runtime in one engine config ("" when nothing does).
 
     Tolerant on purpose (a removal warning had better be shown once too often): a default
@@ -48,7 +49,7 @@ def default_detail(reg: engine_configs.Registration) -> str:
     binary = reg.runtimes.get(name, "")
     if "gpuhook" not in name and "gpuhook" not in os.path.basename(binary):
         return ""
-    key = "default-runtime" if reg.engine == engine_configs.DOCKER else "default_runtime_name"
+    key = "default-runtime" if reg.engine == readers.DOCKER else "default_runtime_name"
     return f'{key} "{name}"' + (f" -> {binary}" if binary else "")
 
 
@@ -59,10 +60,10 @@ def findings(
     them) that makes gpuhook the default runtime, or that cannot be read."""
     out: list[Finding] = []
     for engine, path in (
-        (engine_configs.DOCKER, docker_config),
-        (engine_configs.CONTAINERD, containerd_config),
+        (readers.DOCKER, docker_config),
+        (readers.CONTAINERD, containerd_config),
     ):
-        reg = engine_configs.read(engine, path)
+        reg = readers.read(engine, path)
         if reg.error:
             out.append(Finding(engine, path, "", reg.error))
         elif detail := default_detail(reg):
@@ -112,7 +113,7 @@ def main(argv: list[str]) -> int:
             print(line)
     else:
         print(
-            "usage: python3 -m gpuhook.maintscript default-runtime-warning|configure-hint",
+            "usage: python3 -m gpuhook.engines.maintscript default-runtime-warning|configure-hint",
             file=sys.stderr,
         )
         return 2

@@ -38,7 +38,7 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
 from gpuhook.errors import RegistrationError
-from gpuhook.model import Frozen, _init
+from gpuhook.model.frozen import Frozen, _init
 
 if TYPE_CHECKING:
     from tomlkit.items import Table

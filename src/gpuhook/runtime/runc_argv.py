@@ -6,7 +6,7 @@ the subcommand's own flags come before its positional arguments (the container i
 The parser never changes the argv: the shim execs the real runtime with it unchanged.
 """
 
-from gpuhook._frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen, _init
 
 # No ``from __future__ import annotations``: the shim's fast path imports this module, and every
 # annotation here can be evaluated at runtime.

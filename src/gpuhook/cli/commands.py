@@ -13,8 +13,8 @@ import click
 
 from gpuhook import __version__, log
 from gpuhook import config as config_mod
+from gpuhook.cli.render import FORMATS, to_json, to_yaml
 from gpuhook.errors import UsageError, describe
-from gpuhook.render import FORMATS, to_json, to_yaml
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ def inspect_group() -> None:
 @pass_ctx
 def inspect_node(obj: Context, output: str | None, refresh: bool) -> None:
     """GPUs, MIG devices, driver, device nodes and libraries, from the inventory."""
-    from gpuhook import views
+    from gpuhook.cli import tables
     from gpuhook.inventory import store
 
     config = obj.config()
@@ -166,10 +166,10 @@ def inspect_node(obj: Context, output: str | None, refresh: bool) -> None:
     status = store.status(config)
     mps_state = None
     if status.inventory is not None and config.mps.enabled:
-        from gpuhook import mps
+        from gpuhook.mps import daemons
 
-        mps_state = mps.node_state(config, status.inventory)
-    emit(views.node_view(config, status, mps_state), output, views.node_table)
+        mps_state = daemons.node_state(config, status.inventory)
+    emit(tables.node_view(config, status, mps_state), output, tables.node_table)
 
 
 @inspect_group.command("spec")
@@ -182,7 +182,8 @@ def inspect_spec(
     obj: Context, path: str | None, bundle: str | None, output: str | None, diff: bool
 ) -> None:
     """Dry run: what gpuhook-runtime would decide and inject for a bundle or config.json."""
-    from gpuhook import ocispec, pipeline, views
+    from gpuhook.cli import tables
+    from gpuhook.runtime import decide, ocispec
 
     target = bundle or path
     if not target:
@@ -202,16 +203,10 @@ def inspect_spec(
     spec = ocispec.parse(raw, bundle_dir)
     config = obj.config()
 
-    def mps_usage() -> dict[str, tuple[int, int]]:
-        from gpuhook import records
-
-        # a dry run over a live container's bundle must not count that container twice
-        return records.mps_usage(config, "", os.path.abspath(bundle_dir))
-
     bundle_abs = os.path.abspath(bundle_dir)
-    outcome = pipeline.run(
-        spec, config, mps_usage_source=mps_usage, rootfs=pipeline.rootfs_of(bundle_abs, spec)
-    )
+    # a dry run over a live container's bundle must not count that container twice
+    usage = decide.mps_usage_of(config, exclude_bundle=bundle_abs)
+    outcome = decide.run(spec, config, bundle=bundle_abs, mps_usage_source=usage)
     if diff:
         import difflib
         import json
@@ -222,7 +217,7 @@ def inspect_spec(
             "".join(difflib.unified_diff(before, after, source, source + " (gpuhook)")), nl=False
         )
         return
-    emit(views.outcome_view(outcome, bundle_abs), output, views.decision_table)
+    emit(tables.outcome_view(outcome, bundle_abs), output, tables.decision_table)
 
 
 # --- runtime registration ---------------------------------------------------------------------
@@ -288,11 +283,11 @@ def runtime_configure(
     runtime_path: str,
 ) -> None:
     """Register gpuhook-runtime in docker's daemon.json or containerd's config.toml."""
-    from gpuhook import registration_io
+    from gpuhook.engines import configure
 
-    plan = registration_io.plan(
+    plan = configure.plan(
         engine,
-        registration_io.CONFIGURE,
+        configure.CONFIGURE,
         config_path=engine_config,
         name=runtime_name,
         runtime_path=runtime_path,
@@ -314,11 +309,11 @@ def runtime_unconfigure(
     engine: str, engine_config: str | None, runtime_name: str, drop_in: str | None, dry_run: bool
 ) -> None:
     """Remove what `runtime configure` added; runc becomes the default again if gpuhook was."""
-    from gpuhook import registration_io
+    from gpuhook.engines import configure
 
-    plan = registration_io.plan(
+    plan = configure.plan(
         engine,
-        registration_io.UNCONFIGURE,
+        configure.UNCONFIGURE,
         config_path=engine_config,
         name=runtime_name,
         drop_in=drop_in,
@@ -327,7 +322,7 @@ def runtime_unconfigure(
 
 
 def _report_plan(plan: Any, dry_run: bool, unchanged: str) -> None:
-    from gpuhook import registration_io
+    from gpuhook.engines import configure
 
     main_path = plan.changes[0].path
     restart = f"systemctl restart {plan.service}"
@@ -337,10 +332,10 @@ def _report_plan(plan: Any, dry_run: bool, unchanged: str) -> None:
         click.echo(f"{main_path}: gpuhook {unchanged}; nothing changed, nothing written")
         return
     if dry_run:
-        click.echo(registration_io.render_diff(plan), nl=False)
+        click.echo(configure.render_diff(plan), nl=False)
         click.echo(f"dry run: nothing written (applying it needs: {restart})")
         return
-    for line in registration_io.apply(plan):
+    for line in configure.apply(plan):
         click.echo(line)
     click.echo(f"restart {plan.service} to apply: {restart}")
 
@@ -357,7 +352,7 @@ def hook_group() -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def hook_update_ldcache(args: tuple[str, ...]) -> None:
     """Refresh a container's ld.so.cache (reads the OCI state on stdin)."""
-    from gpuhook.hooks import main as hook_main
+    from gpuhook.runtime.hooks import main as hook_main
 
     raise click.exceptions.Exit(hook_main(["update-ldcache", *args]))
 
@@ -374,11 +369,11 @@ def mps_group() -> None:
 
 
 def _mps_daemons(obj: Context, gpus: tuple[str, ...]) -> list[Any]:
-    from gpuhook import mps
     from gpuhook.inventory import store
+    from gpuhook.mps import daemons
 
     config = obj.config()
-    return mps.daemons(config, store.load_current(config), gpus)
+    return daemons.daemons(config, store.load_current(config), gpus)
 
 
 def _mps_each(obj: Context, gpus: tuple[str, ...], action: str) -> None:
@@ -424,7 +419,7 @@ def mps_stop(obj: Context, gpus: tuple[str, ...]) -> None:
 @pass_ctx
 def mps_status(obj: Context, gpus: tuple[str, ...], output: str | None) -> None:
     """Per group: daemon running or down (pid), pipe dir, defaults, servers and their clients."""
-    from gpuhook import views
+    from gpuhook.cli import tables
 
     config = obj.config()
     view = {
@@ -432,7 +427,7 @@ def mps_status(obj: Context, gpus: tuple[str, ...], output: str | None) -> None:
         "root": config.mps.root,
         "groups": [d.status() for d in _mps_daemons(obj, gpus)],
     }
-    emit(view, output, views.mps_table)
+    emit(view, output, tables.mps_table)
 
 
 # --- debuggability: inspect container, gc, doctor ------------------------------------------------
@@ -453,24 +448,25 @@ def inspect_container(
     record gpuhook-runtime wrote into the container's bundle (linked from
     <state_dir>/containers/), so it is what the container got.
     """
-    from gpuhook import containers, views
+    from gpuhook.cli import tables
+    from gpuhook.records import lookup
 
     if show_all == bool(container_id):
         raise UsageError("inspect container: give a container id (or a unique prefix), or --all")
     config = obj.config()
     if show_all:
-        entries = containers.scan(config.records_dir)
+        entries = lookup.scan(config.records_dir)
         records = [
             e.record
             for e in entries
             if e.record is not None and (not gpu_only or e.record["decision"]["gpu_container"])
         ]
-        deleted = sum(1 for e in entries if e.state == containers.DELETED)
-        emit(records, output, lambda view, color: views.records_table(view, deleted, color))
+        deleted = sum(1 for e in entries if e.state == lookup.DELETED)
+        emit(records, output, lambda view, color: tables.records_table(view, deleted, color))
         return
-    entry = containers.find(config, container_id or "")
+    entry = lookup.find(config, container_id or "")
     log.get_logger().debug("record read", container_id=entry.container_id, path=entry.target)
-    emit(entry.record, output, views.container_table)
+    emit(entry.record, output, tables.container_table)
 
 
 @main.command("gc")
@@ -494,10 +490,11 @@ def gc_command(obj: Context, dry_run: bool, grace: float, output: str | None) ->
     (<runtime> --root <root> state <id> fails and its state folder has no such id). Live
     containers, recent records and anything gc cannot judge are kept, each with the reason.
     """
-    from gpuhook import containers, views
+    from gpuhook.cli import tables
+    from gpuhook.records import lookup
 
     config = obj.config()
-    report = containers.gc(config, dry_run=dry_run, grace_s=grace)
+    report = lookup.gc(config, dry_run=dry_run, grace_s=grace)
     log.get_logger().info(
         "gc",
         dry_run=dry_run,
@@ -505,7 +502,7 @@ def gc_command(obj: Context, dry_run: bool, grace: float, output: str | None) ->
         kept=len(report.items) - len(report.removed),
         live=report.live,
     )
-    emit(report.to_dict(), output, views.gc_table)
+    emit(report.to_dict(), output, tables.gc_table)
 
 
 @main.command("doctor")
@@ -531,7 +528,7 @@ def doctor_command(
     """Check the node: config, inventory, device nodes, driver libraries, the low-level runtime,
     the hook, docker/containerd registration, MPS, state and log folders, the kubelet
     checkpoint. One line per check, with the fix for each failure; exit 1 when any fails."""
-    from gpuhook import doctor, views
+    from gpuhook.cli import doctor, tables
     from gpuhook.errors import ChecksFailedError, ConfigError
 
     try:
@@ -546,7 +543,7 @@ def doctor_command(
     log.get_logger().info("doctor", ok=view["ok"], **view["summary"])
     for r in results:
         log.get_logger().debug("check", **r.to_dict())
-    emit(view, output, views.doctor_table)
+    emit(view, output, tables.doctor_table)
     if not view["ok"]:
         failed = [c["check"] for c in view["checks"] if c["status"] == doctor.FAIL]
         raise ChecksFailedError(f"doctor: {len(failed)} failed: {', '.join(failed)}")

@@ -44,7 +44,7 @@ LDCONFIG_DATA_LIMIT = 256 << 20  # RLIMIT_DATA: heap; read-only maps of big libr
 def update_ldcache(argv: list[str], stdin: bytes) -> tuple[list[str], float]:
     """The ldconfig command line for the container whose OCI state is ``stdin``, and its
     wall-time limit in seconds."""
-    from gpuhook import ocispec
+    from gpuhook.runtime import ocispec
 
     folders: list[str] = []
     ldconfig = "/sbin/ldconfig"
@@ -223,7 +223,7 @@ def _logger(verb: str, stdin: bytes) -> Logger | None:
     except Exception:
         return None
     log.configure(config.log_level, config.log_file)
-    from gpuhook import ocispec
+    from gpuhook.runtime import ocispec
 
     try:
         container_id = str(ocispec.parse_state(stdin).get("id", ""))

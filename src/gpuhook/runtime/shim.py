@@ -1,4 +1,4 @@
-"""``gpuhook-runtime``: the OCI runtime shim (a thin shell around :mod:`gpuhook.pipeline`).
+"""``gpuhook-runtime``: the OCI runtime shim (a thin shell around :mod:`gpuhook.pipeline.flow`).
 
 argv-compatible with runc. On ``create`` and ``run`` it rewrites ``<bundle>/config.json`` from
 the container's trusted GPU requests, then execs the real runtime with the untouched argv; every
@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuhook import __version__, runtime_args
+from gpuhook import __version__
 from gpuhook.errors import GpuhookError, RuntimeNotFoundError, SpecError, describe
+from gpuhook.runtime import runc_argv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,15 +25,15 @@ if TYPE_CHECKING:
 
     from gpuhook.config import Config
     from gpuhook.fsutil import FileLock
-    from gpuhook.model import Request
-    from gpuhook.pipeline import Outcome
-    from gpuhook.runtime_args import RuntimeArgs
+    from gpuhook.model.decision import Request
+    from gpuhook.pipeline.flow import Outcome
+    from gpuhook.runtime.runc_argv import RuntimeArgs
 
 PROG = "gpuhook-runtime"
 
 
 def main(argv: list[str]) -> int:
-    args = runtime_args.parse(argv[1:])
+    args = runc_argv.parse(argv[1:])
     if args.is_create:
         return _create(argv, args)
     config = _config_or_none()
@@ -72,7 +73,8 @@ def _exec(runtime: str, argv: list[str], args: RuntimeArgs) -> int:
 
 
 def _create(argv: list[str], args: RuntimeArgs) -> int:
-    from gpuhook import fastpath, ocispec, request
+    from gpuhook import markers
+    from gpuhook.runtime import fastpath, ocispec
 
     bundle = os.path.abspath(args.bundle or ".")
     try:
@@ -80,14 +82,15 @@ def _create(argv: list[str], args: RuntimeArgs) -> int:
     except SpecError as exc:
         return _fail(args, exc)
 
-    if not request.may_request_gpu(raw):
+    if not markers.may_request_gpu(raw):
         identity = fastpath.identity_before_load()
         config = _config_or_none()
         runtime = _runtime(config)
         if config is not None:
             _configure_log(config)
             _record_and_log(config, args, bundle, None, fastpath.NOTE)
-            # The next container without GPU markers takes gpuhook.fastpath (no os, no config).
+            # The next container without GPU markers takes gpuhook.runtime.fastpath (no os, no
+            # config).
             fastpath.remember(identity, config)
         if not runtime:
             return _fail(args, RuntimeNotFoundError("no low-level OCI runtime found"))
@@ -98,7 +101,9 @@ def _create(argv: list[str], args: RuntimeArgs) -> int:
 
 def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) -> int:
     from gpuhook import config as config_mod
-    from gpuhook import log, ocispec, pipeline, request
+    from gpuhook import log
+    from gpuhook.pipeline import request
+    from gpuhook.runtime import decide, ocispec
 
     try:
         spec = ocispec.parse(raw, bundle)
@@ -130,9 +135,7 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
     usage = _MpsUsage(config, args.container_id)
     try:
         try:
-            outcome = pipeline.run(
-                spec, config, mps_usage_source=usage, rootfs=pipeline.rootfs_of(bundle, spec)
-            )
+            outcome = decide.run(spec, config, bundle=bundle, mps_usage_source=usage)
             if outcome.changed:
                 ocispec.write(bundle, outcome.spec)
         except GpuhookError as exc:
@@ -176,9 +179,9 @@ class _MpsUsage:
         self.lock: FileLock | None = None
 
     def __call__(self) -> dict[str, tuple[int, int]]:
-        from gpuhook import records
         from gpuhook.errors import MpsError
         from gpuhook.fsutil import FileLock
+        from gpuhook.records import writer
 
         if self.lock is None:
             lock = FileLock(os.path.join(self.config.state_dir, "mps-usage.lock"), timeout=30.0)
@@ -191,7 +194,7 @@ class _MpsUsage:
             except OSError as exc:
                 raise MpsError(f"cannot lock {lock.path}: {exc.strerror}") from None
             self.lock = lock
-        return records.mps_usage(self.config, self.container_id)
+        return writer.mps_usage(self.config, self.container_id)
 
     def release(self) -> None:
         lock = self.lock
@@ -211,10 +214,10 @@ def _record(
 ) -> str:
     """Write the decision record; "" on success, else the one-line failure (never raises: a
     record must never block a container)."""
-    from gpuhook import records
+    from gpuhook.records import writer
 
     try:
-        record = records.build(
+        record = writer.build(
             args.container_id,
             bundle,
             outcome,
@@ -223,7 +226,7 @@ def _record(
             config=config.source,
             **kw,
         )
-        return records.write(config, args.container_id, bundle, record)
+        return writer.write(config, args.container_id, bundle, record)
     except Exception as exc:
         return f"record failed: {exc!r}"
 
@@ -233,12 +236,13 @@ def _record_and_log(
 ) -> None:
     """A container that asked for no GPU: its record and a debug ``decision`` event shaped as
     the GPU path's, plus a warning when the record could not be written."""
-    from gpuhook import log, records
+    from gpuhook import log
+    from gpuhook.records import writer
 
     failure = _record(config, args, bundle, None, note=note, request=req)
     logger = log.get_logger(container_id=args.container_id, bundle=bundle)
     if log.debug_enabled():
-        why = note or records.NO_REQUEST
+        why = note or writer.NO_REQUEST
         logger.debug(
             "decision",
             gpu_container=False,

@@ -9,11 +9,11 @@ UUIDs compare case-insensitively.
 
 from __future__ import annotations
 
-from gpuhook.model import KIND_GPU, KIND_MIG, DeviceRef
+from gpuhook.model.decision import KIND_GPU, KIND_MIG, DeviceRef
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from gpuhook.model import Inventory
+    from gpuhook.model.inventory import Inventory
 
 CDI_PREFIXES = ("nvidia.com/gpu=", "nvidia.com/mig=")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
+from gpuhook.cli.render import age, mib, paint, section, table
 from gpuhook.inventory.catalog import LIBRARIES
-from gpuhook.render import age, mib, paint, section, table
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
     from gpuhook.config import Config
     from gpuhook.inventory.store import Status
-    from gpuhook.model import DeviceNode, Inventory
-    from gpuhook.pipeline import Outcome
+    from gpuhook.model.inventory import DeviceNode, Inventory
+    from gpuhook.pipeline.flow import Outcome
 
 
 def _iso(ts: float) -> str:
@@ -37,7 +37,7 @@ def _node(n: DeviceNode) -> dict[str, Any]:
 
 
 def node_view(config: Config, status: Status, mps: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``mps``: :func:`gpuhook.mps.node_state` (per GPU index: group and daemon state)."""
+    """``mps``: :func:`gpuhook.mps.daemons.node_state` (per GPU index: group and daemon state)."""
     inv = status.inventory
     view: dict[str, Any] = {
         "config": config.source,

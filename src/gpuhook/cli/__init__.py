@@ -1,0 +1,5 @@
+"""The ``gpuhook`` command line: click commands (:mod:`.commands`, the only click import), the
+tables of ``inspect`` (:mod:`.tables`, :mod:`.render`) and ``doctor`` (:mod:`.doctor`).
+
+May import: everything.
+"""

@@ -1,0 +1,25 @@
+"""The byte pre-check: the one table of GPU markers (a leaf: no imports at all).
+
+Byte strings whose absence from ``config.json`` proves that no request channel of
+:func:`gpuhook.pipeline.request.parse` can carry a GPU request (a unit test checks them against
+the channels). JSON may escape ``/`` as ``\\/`` and any character as ``\\uXXXX``: a file that
+contains ``\\u`` always gets the full parse, and no marker contains ``/``. The runtime's fast path
+and the installed sh dispatcher's build step read this table; nothing keeps a copy.
+
+No ``from __future__`` import: the fast path imports this module and pays for every import.
+"""
+
+PRECHECK_MARKERS = (
+    b"NVIDIA_VISIBLE_DEVICES",
+    b"cdi.k8s.io",
+    b"nvidia-container-devices",
+    b"nvidia-container-runtime-hook",
+)
+UNICODE_ESCAPE = b"\\u"
+
+
+def may_request_gpu(raw: bytes) -> bool:
+    """False proves that the spec carries no GPU request at all (True when it may)."""
+    if UNICODE_ESCAPE in raw:
+        return True
+    return any(marker in raw for marker in PRECHECK_MARKERS)

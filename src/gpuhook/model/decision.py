@@ -1,0 +1,252 @@
+"""What a container asks for and what it is granted: channels, requests, device references,
+reasons and decisions (values only; :mod:`gpuhook.pipeline` computes them).
+"""
+
+from __future__ import annotations
+
+from gpuhook.model.frozen import Frozen, _init
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+# --- what a container asks for ------------------------------------------------------------------
+
+# Request channels, in priority order (DESIGN.md, trust model).
+CHANNEL_CDI = "cdi-annotation"
+CHANNEL_MOUNT = "mount-marker"
+CHANNEL_DOCKER = "docker-gpus"
+CHANNEL_ENV = "env"
+
+
+class KubeIdentity(Frozen):
+    """Who a Kubernetes container is, from the CRI annotations containerd or CRI-O set."""
+
+    __slots__ = ("container_name", "container_type", "namespace", "pod_name", "pod_uid")
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    container_name: str
+    container_type: str  # "container" | "sandbox"
+
+    def __init__(
+        self, pod_uid: str, namespace: str, pod_name: str, container_name: str, container_type: str
+    ) -> None:
+        _init(
+            self,
+            pod_uid=pod_uid,
+            namespace=namespace,
+            pod_name=pod_name,
+            container_name=container_name,
+            container_type=container_type,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pod_uid": self.pod_uid,
+            "namespace": self.namespace,
+            "pod_name": self.pod_name,
+            "container_name": self.container_name,
+            "container_type": self.container_type,
+        }
+
+
+class ChannelRequest(Frozen):
+    """One ask for devices through one channel.
+
+    ``ids`` are the raw device ids as written (``"all"`` and ``"none"`` included); ``source``
+    says exactly where (the annotation key, the mount destination, the env variable).
+    """
+
+    __slots__ = ("channel", "ids", "source", "value")
+    channel: str
+    source: str
+    value: str
+    ids: tuple[str, ...]
+
+    def __init__(self, channel: str, source: str, value: str, ids: tuple[str, ...]) -> None:
+        _init(self, channel=channel, source=source, value=value, ids=tuple(ids))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "channel": self.channel,
+            "source": self.source,
+            "value": self.value,
+            "ids": list(self.ids),
+        }
+
+
+class Request(Frozen):
+    """What a container's spec asks for, and through which channels. Built by :mod:`request`."""
+
+    __slots__ = (
+        "annotations",
+        "channels",
+        "driver_capabilities",
+        "kubernetes",
+        "privileged",
+        "problems",
+    )
+    channels: tuple[ChannelRequest, ...]
+    driver_capabilities: str | None
+    privileged: bool
+    kubernetes: KubeIdentity | None
+    annotations: tuple[tuple[str, str], ...]  # gpuhook.io/* annotations, for later steps
+    problems: tuple[str, ...]  # malformed parts of the request, one line each
+
+    def __init__(
+        self,
+        channels: tuple[ChannelRequest, ...] = (),
+        driver_capabilities: str | None = None,
+        privileged: bool = False,
+        kubernetes: KubeIdentity | None = None,
+        annotations: tuple[tuple[str, str], ...] = (),
+        problems: tuple[str, ...] = (),
+    ) -> None:
+        _init(
+            self,
+            channels=tuple(channels),
+            driver_capabilities=driver_capabilities,
+            privileged=privileged,
+            kubernetes=kubernetes,
+            annotations=tuple(annotations),
+            problems=tuple(problems),
+        )
+
+    def annotation(self, key: str) -> str | None:
+        for k, v in self.annotations:
+            if k == key:
+                return v
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "channels": [c.to_dict() for c in self.channels],
+            "driver_capabilities": self.driver_capabilities,
+            "privileged": self.privileged,
+            "kubernetes": self.kubernetes.to_dict() if self.kubernetes else None,
+            "annotations": dict(self.annotations),
+            "problems": list(self.problems),
+        }
+
+
+# --- what gpuhook decides -------------------------------------------------------------------------
+
+KIND_GPU = "gpu"
+KIND_MIG = "mig"
+
+
+class DeviceRef(Frozen):
+    """A device resolved against the inventory: a whole GPU or one MIG device."""
+
+    __slots__ = ("gpu_index", "kind", "mig_index", "uuid")
+    kind: str
+    uuid: str
+    gpu_index: int
+    mig_index: int | None
+
+    def __init__(self, kind: str, uuid: str, gpu_index: int, mig_index: int | None = None) -> None:
+        _init(self, kind=kind, uuid=uuid, gpu_index=gpu_index, mig_index=mig_index)
+
+    @property
+    def display_id(self) -> str:
+        return (
+            str(self.gpu_index) if self.mig_index is None else f"{self.gpu_index}:{self.mig_index}"
+        )
+
+    def sort_key(self) -> tuple[int, int]:
+        return (self.gpu_index, -1 if self.mig_index is None else self.mig_index)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "id": self.display_id, "uuid": self.uuid}
+
+
+VERDICT_GRANTED = "granted"
+VERDICT_REFUSED = "refused"
+VERDICT_IGNORED = "ignored"
+VERDICT_SUPERSEDED = "superseded"
+
+
+class Reason(Frozen):
+    """One line of the decision's explanation: which channel, which value, what and why."""
+
+    __slots__ = ("channel", "value", "verdict", "why")
+    channel: str
+    value: str
+    verdict: str
+    why: str
+
+    def __init__(self, channel: str, value: str, verdict: str, why: str) -> None:
+        _init(self, channel=channel, value=value, verdict=verdict, why=why)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "channel": self.channel,
+            "value": self.value,
+            "verdict": self.verdict,
+            "why": self.why,
+        }
+
+
+class Decision(Frozen):
+    """Which devices a container gets, and why.
+
+    ``gpu_container`` is False when the spec carried no request at all (the container is left
+    alone). ``driver_only`` is the ``none`` request: driver files, no devices. ``refused`` is True
+    when a request existed but nothing of it was trusted; the shim then sets
+    ``NVIDIA_VISIBLE_DEVICES=void`` so that no other NVIDIA component acts on it.
+    """
+
+    __slots__ = (
+        "capabilities",
+        "channel",
+        "devices",
+        "driver_only",
+        "gpu_container",
+        "reasons",
+        "refused",
+    )
+    gpu_container: bool
+    devices: tuple[DeviceRef, ...]
+    driver_only: bool
+    capabilities: tuple[str, ...]
+    channel: str | None
+    reasons: tuple[Reason, ...]
+    refused: bool
+
+    def __init__(
+        self,
+        gpu_container: bool,
+        devices: tuple[DeviceRef, ...] = (),
+        driver_only: bool = False,
+        capabilities: tuple[str, ...] = (),
+        channel: str | None = None,
+        reasons: tuple[Reason, ...] = (),
+        refused: bool = False,
+    ) -> None:
+        _init(
+            self,
+            gpu_container=gpu_container,
+            devices=tuple(devices),
+            driver_only=driver_only,
+            capabilities=tuple(capabilities),
+            channel=channel,
+            reasons=tuple(reasons),
+            refused=refused,
+        )
+
+    @property
+    def injects(self) -> bool:
+        """True when the container gets driver files (devices or ``none``)."""
+        return bool(self.devices) or self.driver_only
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu_container": self.gpu_container,
+            "devices": [d.to_dict() for d in self.devices],
+            "driver_only": self.driver_only,
+            "capabilities": list(self.capabilities),
+            "channel": self.channel,
+            "refused": self.refused,
+            "reasons": [r.to_dict() for r in self.reasons],
+        }

@@ -1,0 +1,168 @@
+"""What gets injected, in the CDI ``containerEdits`` shape: device nodes, mounts, hooks, env."""
+
+from __future__ import annotations
+
+from gpuhook.model.fields import _get, _opt, _strs
+from gpuhook.model.frozen import Frozen, _init
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from gpuhook.model.inventory import DeviceNode
+
+# --- what gets injected: CDI containerEdits shape ----------------------------------------------
+
+
+class Mount(Frozen):
+    __slots__ = ("container_path", "host_path", "options", "type")
+    host_path: str
+    container_path: str
+    type: str
+    options: tuple[str, ...]
+
+    def __init__(
+        self,
+        host_path: str,
+        container_path: str,
+        type: str = "bind",
+        options: tuple[str, ...] = (),
+    ) -> None:
+        _init(
+            self,
+            host_path=host_path,
+            container_path=container_path,
+            type=type,
+            options=tuple(options),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hostPath": self.host_path,
+            "containerPath": self.container_path,
+            "type": self.type,
+            "options": list(self.options),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Mount:
+        return cls(
+            _get(d, "hostPath", str),
+            _get(d, "containerPath", str),
+            _opt(d, "type", str, "bind"),
+            _strs(d, "options"),
+        )
+
+
+class Hook(Frozen):
+    __slots__ = ("args", "env", "hook_name", "path", "timeout")
+    hook_name: str
+    path: str
+    args: tuple[str, ...]
+    env: tuple[str, ...]
+    timeout: int | None
+
+    def __init__(
+        self,
+        hook_name: str,
+        path: str,
+        args: tuple[str, ...] = (),
+        env: tuple[str, ...] = (),
+        timeout: int | None = None,
+    ) -> None:
+        _init(
+            self, hook_name=hook_name, path=path, args=tuple(args), env=tuple(env), timeout=timeout
+        )
+
+    def to_oci(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "args": list(self.args), "env": list(self.env)}
+        if self.timeout is not None:
+            out["timeout"] = self.timeout
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hookName": self.hook_name, **self.to_oci()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Hook:
+        return cls(
+            _get(d, "hookName", str),
+            _get(d, "path", str),
+            _strs(d, "args"),
+            _strs(d, "env"),
+            _opt(d, "timeout", int),
+        )
+
+
+class ContainerEdits(Frozen):
+    """The edits to make to a spec, in the shape of CDI's ``containerEdits``.
+
+    gpuhook's two additions: ``remove_hooks``, basenames of prestart hook executables to drop
+    (docker's ``nvidia-container-runtime-hook`` for ``--gpus``, whose work gpuhook has done), and
+    ``replace_mounts``, destinations whose existing spec mounts give way to gpuhook's mount there
+    (the container's own ``/dev/shm`` when the MPS shm is mounted instead).
+    """
+
+    __slots__ = ("device_nodes", "env", "hooks", "mounts", "remove_hooks", "replace_mounts")
+    env: tuple[str, ...]
+    device_nodes: tuple[DeviceNode, ...]
+    mounts: tuple[Mount, ...]
+    hooks: tuple[Hook, ...]
+    remove_hooks: tuple[str, ...]
+    replace_mounts: tuple[str, ...]
+
+    def __init__(
+        self,
+        env: tuple[str, ...] = (),
+        device_nodes: tuple[DeviceNode, ...] = (),
+        mounts: tuple[Mount, ...] = (),
+        hooks: tuple[Hook, ...] = (),
+        remove_hooks: tuple[str, ...] = (),
+        replace_mounts: tuple[str, ...] = (),
+    ) -> None:
+        _init(
+            self,
+            env=tuple(env),
+            device_nodes=tuple(device_nodes),
+            mounts=tuple(mounts),
+            hooks=tuple(hooks),
+            remove_hooks=tuple(remove_hooks),
+            replace_mounts=tuple(replace_mounts),
+        )
+
+    def is_empty(self) -> bool:
+        return not (
+            self.env
+            or self.device_nodes
+            or self.mounts
+            or self.hooks
+            or self.remove_hooks
+            or self.replace_mounts
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The CDI ``containerEdits`` JSON form (plus ``removeHooks``/``replaceMounts`` when
+        non-empty)."""
+        out: dict[str, Any] = {
+            "env": list(self.env),
+            "deviceNodes": [
+                {
+                    "path": n.path,
+                    "hostPath": n.host_path,
+                    "type": n.type,
+                    "major": n.major,
+                    "minor": n.minor,
+                    "fileMode": n.mode,
+                    "permissions": "rwm",
+                }
+                for n in self.device_nodes
+            ],
+            "mounts": [m.to_dict() for m in self.mounts],
+            "hooks": [h.to_dict() for h in self.hooks],
+        }
+        if self.remove_hooks:
+            out["removeHooks"] = list(self.remove_hooks)
+        if self.replace_mounts:
+            out["replaceMounts"] = list(self.replace_mounts)
+        return out

@@ -1,0 +1,10 @@
+"""The decision pipeline (pure): spec -> request -> policy -> devices -> edits -> apply.
+
+Owns: request parsing (:mod:`.request`), trust (:mod:`.policy`), device ids (:mod:`.devices`),
+what to inject (:mod:`.inject`), the edits interpreter (:mod:`.apply`), the MPS plan
+(:mod:`.sharing`), the kubelet checkpoint reader (:mod:`.kubelet`) and the one function that runs
+them in order (:mod:`.flow`). No file, NVML or process I/O apart from the checkpoint reader: the
+inventory, the checkpoint and the MPS state come in as sources (:mod:`gpuhook.runtime.decide`).
+
+May import: gpuhook.model, gpuhook.inventory.catalog (pure data), the top-level modules.
+"""

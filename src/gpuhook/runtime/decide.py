@@ -1,0 +1,85 @@
+"""The I/O side of a decision: the real sources handed to the pure pipeline.
+
+:func:`gpuhook.pipeline.flow.run` is pure apart from the sources it is given. Here are the ones a
+real create (and ``gpuhook inspect spec``) uses: the inventory file (refreshed lazily when
+missing or stale), the kubelet's device checkpoint, the MPS control daemon's pid file and the
+decision records' MPS usage. Each is imported only when the decision asks for it.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from gpuhook.config import Config
+    from gpuhook.model.inventory import Inventory
+    from gpuhook.pipeline.flow import MpsUsageSource, Outcome
+    from gpuhook.pipeline.kubelet import Allocation
+
+
+def rootfs_of(bundle: str, spec: dict[str, Any]) -> str:
+    """The container's absolute rootfs (root.path against the bundle), "" when the spec has none
+    (runc rejects such a spec itself)."""
+    from gpuhook.errors import SpecError
+    from gpuhook.runtime import ocispec
+
+    try:
+        return ocispec.rootfs(bundle, spec)
+    except SpecError:
+        return ""
+
+
+def inventory(config: Config) -> Inventory:
+    from gpuhook.inventory import store
+
+    return store.load_current(config)
+
+
+def checkpoint(path: str, pod_uid: str, container: str) -> Allocation:
+    from gpuhook.pipeline import kubelet
+
+    return kubelet.read_allocation(path, pod_uid, container)
+
+
+def mps_probe(pipe_dir: str) -> int | None:
+    from gpuhook.mps import daemons
+
+    return daemons.control_pid(pipe_dir)
+
+
+def mps_usage_of(config: Config, exclude_id: str = "", exclude_bundle: str = "") -> MpsUsageSource:
+    """The pinned memory limits of the live MPS containers (from their decision records), leaving
+    out the container being decided (by id, or by bundle for a dry run over a live bundle)."""
+
+    def usage() -> Mapping[str, tuple[int, int]]:
+        from gpuhook.records import writer
+
+        return writer.mps_usage(config, exclude_id, exclude_bundle)
+
+    return usage
+
+
+def run(
+    spec: dict[str, Any],
+    config: Config,
+    *,
+    bundle: str = "",
+    mps_usage_source: MpsUsageSource | None = None,
+    **sources: Any,
+) -> Outcome:
+    """:func:`gpuhook.pipeline.flow.run` with the node's real sources (any one can be replaced by
+    keyword, as tests do) and the rootfs taken from ``bundle``."""
+    from gpuhook.pipeline import flow
+
+    return flow.run(
+        spec,
+        config,
+        inventory_source=sources.pop("inventory_source", inventory),
+        checkpoint_source=sources.pop("checkpoint_source", checkpoint),
+        mps_probe=sources.pop("mps_probe", mps_probe),
+        mps_usage_source=mps_usage_source or mps_usage_of(config),
+        rootfs=sources.pop("rootfs", rootfs_of(bundle, spec) if bundle else ""),
+        **sources,
+    )
