@@ -7,7 +7,8 @@ same job for a spec that the byte pre-check clears, importing nothing but built-
 (``posix``, ``time``: both loaded with the interpreter) and :mod:`gpuhook.runtime.runc_argv`:
 
 1. parse the runc argv (:mod:`gpuhook.runtime.runc_argv`, the shim's own parser);
-2. read ``<bundle>/config.json`` and run the byte pre-check (:func:`gpuhook.markers.may_request_gpu`);
+2. read ``<bundle>/config.json`` and run the byte pre-check
+   (:func:`gpuhook.markers.may_request_gpu`);
 3. read this module's cache beside the compiled config
    (``/run/gpuhook/config/<config path>/fastpath``), valid only for the config file's identity
    (device, inode, size, mtime), gpuhook's version and the identity of ``records/writer.py``;
