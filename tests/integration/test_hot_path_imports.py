@@ -43,6 +43,7 @@ SLOW_STDLIB = {
 }
 FAST_PATH = {
     "gpuhook",
+    "gpuhook.markers",
     "gpuhook.model",
     "gpuhook.model.frozen",
     "gpuhook.runtime",
