@@ -419,10 +419,16 @@ def check_hook(node: Node) -> Result:
             return Result(
                 "hook",
                 FAIL,
-                f"{key} {path} is not an executable: GPU containers fail to start",
+                f"{key} {path} is not an executable: GPU containers fail to start"
+                + (f" ({config.hook_path_source})" if key == "hook.path" else ""),
                 f"install it there or set {key} in {config.source}",
             )
-    return Result("hook", PASS, f"{config.hook_path} hook update-ldcache, with {config.ldconfig}")
+    return Result(
+        "hook",
+        PASS,
+        f"{config.hook_path} hook update-ldcache ({config.hook_path_source}), "
+        f"with {config.ldconfig}",
+    )
 
 
 def _engine_result(node: Node, engine: str) -> Result:
