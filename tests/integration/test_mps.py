@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -320,6 +321,43 @@ def test_a_client_container_cannot_steer_stop_or_create_through_the_pipe_dir(
     assert (mps.pipe("gpu1") / "nvidia-cuda-mps-control.pid").read_text().strip() == str(own)
     assert sorted(mps.daemons()) == sorted([other, own])
     assert host_file.read_text() == f"{other}\n"
+
+
+def test_a_look_alike_in_another_pid_namespace_is_never_taken_for_the_daemon(
+    mps: Mps, tmp_path: Path
+) -> None:
+    """A process with the daemon's argv (`nvidia-cuda-mps-control -d`) and its pipe folder in
+    its env, as a container's root can start one, but in another pid namespace: gpuhook never
+    adopts it (status: down), never signals it (stop: not running). The same process in gpuhook's
+    own pid namespace is found, so the test can fail."""
+    mps.configure(gpus=[1])
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(mps.pipe("gpu1"))}
+    argv = ["nvidia-cuda-mps-control", "-d", "-c", "import time; time.sleep(60)"]
+    code = f"import os, sys; os.execve(sys.executable, {argv!r}, {env!r})"
+    impostor = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", code]
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not mps.daemons() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (pid,) = mps.daemons()  # visible from the host, with the daemon's argv and env
+        assert mps.status("1")[0]["state"] == "down"
+        out = mps.gpuhook("mps", "stop", "1")
+        assert out.returncode == 0 and out.stdout.startswith("gpu1 (GPU 1): not running")
+        assert mps.daemons() == [pid]
+    finally:
+        impostor.kill()
+        impostor.wait(10)
+    twin = subprocess.Popen([sys.executable, "-c", code])  # the control: gpuhook's pid namespace
+    try:
+        deadline = time.monotonic() + 10
+        while mps.status("1")[0]["state"] != "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mps.status("1")[0]["pid"] == twin.pid
+    finally:
+        twin.kill()
+        twin.wait(10)
 
 
 # --- containers -----------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ client mode, one command per call).
 
 The pipe folder is bind-mounted read-write into every MPS client container, so nothing in it is
 trusted: not the daemon's own ``nvidia-cuda-mps-control.pid`` there, nor any link. gpuhook finds
-the daemon it started in /proc (its argv[0], its ``CUDA_MPS_PIPE_DIRECTORY``, gpuhook's mount
-namespace: a container's process has none of these together) and records its pid in
+the daemon it started in /proc (its argv[0], its ``CUDA_MPS_PIPE_DIRECTORY``, gpuhook's pid
+namespace: a container's process has its own) and records its pid in
 ``<mps.root>/<group>/control.pid`` (root's, written atomically, beside the pipe folder, never
 mounted). :func:`control_pid` (file and /proc reads, no subprocess) is what the container-create
 path uses to tell that a daemon is up; every signal is sent only after the same check. Each
@@ -79,7 +79,8 @@ def recorded_pid(pipe_dir: str) -> int | None:
 
 def serves(pid: int, pipe_dir: str) -> bool:
     """Whether ``pid`` is an nvidia-cuda-mps-control (not a zombie) started with
-    ``CUDA_MPS_PIPE_DIRECTORY=pipe_dir`` in this process's mount namespace. Where its environ
+    ``CUDA_MPS_PIPE_DIRECTORY=pipe_dir`` in this process's pid namespace (a container's process
+    has its own, whatever argv and env it chose). Where its environ
     cannot be read (not root: a report only, never a signal), argv[0] alone is checked."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -91,7 +92,7 @@ def serves(pid: int, pipe_dir: str) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             environ = fh.read().split(b"\0")
-        same_ns = os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt")
+        same_ns = os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
     except PermissionError:
         return os.geteuid() != 0
     except OSError:
