@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from gpuhook.records.lookup import DELETED, SUFFIX, UNREADABLE, _entry, _timestamp
+from gpuhook.records.lookup import DELETED, SUFFIX, UNREADABLE, created_at, entry_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -150,14 +150,14 @@ def _judge(folder: str, name: str, run: _Pass) -> GcItem | None:
         return _remove(link, name, "leftover of an interrupted record write", run.dry_run)
     if not name.endswith(SUFFIX) or len(name) == len(SUFFIX):
         return None
-    entry = _entry(folder, name)
+    entry = entry_of(folder, name)
     if entry.state == DELETED:
         bundle = os.path.dirname(entry.target)
         why = f"bundle {bundle} is gone: the engine deleted the container"
         return _remove(link, entry.container_id, why, run.dry_run, expect=entry.target)
     if entry.state == UNREADABLE or entry.record is None:
         return GcItem(entry.container_id, link, False, f"kept: {entry.problem}")
-    age = run.now - _timestamp(entry)
+    age = run.now - created_at(entry)
     if age < run.grace_s:
         why = f"kept: created {int(age)}s ago, too recent to judge (--grace {run.grace_s:g})"
         return GcItem(entry.container_id, link, False, why)

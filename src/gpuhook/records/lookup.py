@@ -68,7 +68,8 @@ def read_record(path: str) -> dict[str, Any]:
     return record
 
 
-def _entry(folder: str, name: str) -> Entry:
+def entry_of(folder: str, name: str) -> Entry:
+    """The record link ``name`` of ``folder``: live, deleted (dangling) or unreadable."""
     container_id = name[: -len(SUFFIX)]
     link = os.path.join(folder, name)
     try:
@@ -91,11 +92,12 @@ def scan(folder: str) -> list[Entry]:
         names = sorted(os.listdir(folder))
     except FileNotFoundError:
         return []
-    entries = [_entry(folder, n) for n in names if n.endswith(SUFFIX) and len(n) > len(SUFFIX)]
-    return sorted(entries, key=lambda e: (_timestamp(e), e.container_id))
+    entries = [entry_of(folder, n) for n in names if n.endswith(SUFFIX) and len(n) > len(SUFFIX)]
+    return sorted(entries, key=lambda e: (created_at(e), e.container_id))
 
 
-def _timestamp(entry: Entry) -> float:
+def created_at(entry: Entry) -> float:
+    """When the record was written: its timestamp, else the link's mtime."""
     if entry.record is not None and isinstance(entry.record.get("timestamp"), (int, float)):
         return float(entry.record["timestamp"])
     try:
@@ -122,7 +124,7 @@ def find(config: Config, wanted: str) -> Entry:
         raise RecordNotFoundError(f"{wanted!r} is not a container id")
     exact = os.path.join(folder, wanted + SUFFIX)
     if os.path.lexists(exact):
-        entry = _entry(folder, wanted + SUFFIX)
+        entry = entry_of(folder, wanted + SUFFIX)
         _check_usable(entry)
         return entry
     try:
@@ -135,7 +137,7 @@ def find(config: Config, wanted: str) -> Entry:
         ) from None
     except OSError as exc:
         raise RecordNotFoundError(f"cannot list {folder}: {exc.strerror}") from None
-    matches = [_entry(folder, n) for n in names if n.endswith(SUFFIX) and n.startswith(wanted)]
+    matches = [entry_of(folder, n) for n in names if n.endswith(SUFFIX) and n.startswith(wanted)]
     live = [e for e in matches if e.state != DELETED]
     if len(live) == 1:
         _check_usable(live[0])
