@@ -21,6 +21,9 @@ import testbed  # noqa: E402
 
 FAKE_NODE = REPO / "tools" / "fake-node"
 
+# root/slow tests skip when not root, except in CI, where any skip fails the run
+pytest_plugins = ["tests.required"]
+
 
 def mps_daemons_under(root: Path) -> list[int]:
     """Live nvidia-cuda-mps-control processes whose pipe directory is under ``root`` (the ones a
@@ -40,15 +43,6 @@ def mps_daemons_under(root: Path) -> list[int]:
         if pipe and pipe[0].split(b"=", 1)[1].decode().startswith(str(root)):
             found.append(int(entry))
     return found
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.geteuid() == 0:
-        return
-    skip = pytest.mark.skip(reason="needs root (mknod, runc)")
-    for item in items:
-        if "root" in item.keywords or "slow" in item.keywords:
-            item.add_marker(skip)
 
 
 class FakeNode:

@@ -12,6 +12,7 @@ The same folder holds ``runtime``: the resolved low-level runtime path, one line
 from __future__ import annotations
 
 import os
+import sys
 
 from gpuhook import __version__
 from gpuhook.errors import ConfigError, RuntimeNotFoundError
@@ -42,7 +43,7 @@ DEFAULTS: dict[str, Any] = {
         "bin_dir": "/usr/bin",
         "default_capabilities": ["compute", "utility"],
     },
-    "hook": {"path": "/usr/bin/gpuhook", "ldconfig": "/sbin/ldconfig"},
+    "hook": {"path": None, "ldconfig": "/sbin/ldconfig"},  # path None: beside gpuhook-runtime
     "policy": {
         "kubernetes": {"env_requests": "verify", "checkpoint": CHECKPOINT_DEFAULT},
         "standalone": {"env_requests": "trust"},
@@ -183,6 +184,7 @@ class Config(Frozen):
         "dev_root",
         "driver_root",
         "hook_path",
+        "hook_path_source",
         "inventory_path",
         "ldconfig",
         "lib_dir",
@@ -210,6 +212,7 @@ class Config(Frozen):
     bin_dir: str
     default_capabilities: tuple[str, ...]
     hook_path: str
+    hook_path_source: str  # why hook_path is what it is, for doctor
     ldconfig: str
     policy: PolicyConfig
     mps: MpsConfig
@@ -217,6 +220,9 @@ class Config(Frozen):
     def __init__(self, source: str, data: dict[str, Any], runtime: str) -> None:
         inv = data["inventory"]
         pol = data["policy"]
+        hook = (data["hook"]["path"], f"hook.path in {source}")
+        if not hook[0]:
+            hook = default_hook_path()
         _init(
             self,
             source=source,
@@ -235,7 +241,8 @@ class Config(Frozen):
             lib_dir=data["inject"]["lib_dir"],
             bin_dir=data["inject"]["bin_dir"],
             default_capabilities=tuple(data["inject"]["default_capabilities"]),
-            hook_path=data["hook"]["path"],
+            hook_path=hook[0],
+            hook_path_source=hook[1],
             ldconfig=data["hook"]["ldconfig"],
             policy=PolicyConfig(
                 pol["kubernetes"]["env_requests"],
@@ -290,6 +297,37 @@ def cache_dir_for(path: str) -> str:
     A mirrored path (not a hash) lets the POSIX sh dispatcher compute it without any tool.
     """
     return CACHE_ROOT + os.path.abspath(path)
+
+
+# --- hook.path unset: the gpuhook beside the running program ----------------------------------
+
+ENV_SELF = "GPUHOOK_SELF"  # the sh dispatchers' own path, set for the Python they exec
+ENTRY_SCRIPTS = ("_shim_entry.py", "_cli_entry.py")
+PROGRAMS = ("gpuhook-runtime", "gpuhook")
+FALLBACK_HOOK_PATH = "/usr/bin/gpuhook"
+
+
+def running_program(argv0: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The gpuhook-runtime or gpuhook executable this process runs as, its links resolved; ""
+    when it runs as neither (``python -m gpuhook``, a test). The .deb's and ``make build``'s sh
+    dispatchers name themselves in ``GPUHOOK_SELF`` and run an entry script; a pip install's
+    console script is ``argv[0]`` itself. Host paths only: the engine's argv and env."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    env = os.environ if environ is None else environ
+    if os.path.basename(argv0) in ENTRY_SCRIPTS:
+        argv0 = env.get(ENV_SELF, "")
+    if os.path.basename(argv0) not in PROGRAMS or not argv0:
+        return ""
+    return os.path.realpath(argv0)
+
+
+def default_hook_path() -> tuple[str, str]:
+    """hook.path when the config does not set it, and why: the ``gpuhook`` installed in the
+    folder of the running gpuhook-runtime (or gpuhook), else /usr/bin/gpuhook."""
+    program = running_program()
+    if not program:
+        return FALLBACK_HOOK_PATH, "hook.path unset and not run as gpuhook(-runtime): the default"
+    return os.path.join(os.path.dirname(program), "gpuhook"), f"hook.path unset: beside {program}"
 
 
 # --- loading --------------------------------------------------------------------------------------

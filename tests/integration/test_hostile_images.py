@@ -21,11 +21,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import testbed
 
+from gpuhook.pipeline import sharing
 from tests.conftest import Containers, FakeNode, mps_daemons_under
 from tests.hostile import CLIMB, Host, build_planted_library, mounts_under, one_line_failure
 
@@ -177,13 +177,6 @@ def test_symlinks_and_wrong_types_never_reach_the_host(
         assert seen["smi"][-1] == "rc=0", out.stderr
 
 
-def _sharing() -> Any:
-    """gpuhook's MPS plan module (imported here: the MPS cases alone need it)."""
-    from gpuhook.pipeline import sharing
-
-    return sharing
-
-
 MPS_CASES = [
     ("pipe-abs", "pipe", "abs"),
     ("pipe-climb", "pipe", "climb"),
@@ -201,7 +194,6 @@ def test_mps_folders_never_reach_the_host(
 ) -> None:
     """The MPS pipe and log folders gpuhook bind-mounts into an MPS client (a running control
     daemon's host folders) behind the same symlinks and wrong types."""
-    sharing = _sharing()
     pipe, log = sharing.PIPE_IN_CONTAINER, sharing.LOG_IN_CONTAINER
     path = {"pipe": pipe, "log": log, "parent": os.path.dirname(pipe)}[which]
     mps_root = tmp_path / "mps"

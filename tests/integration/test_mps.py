@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,7 +204,8 @@ def test_daemon_killed_by_hand_is_reported_down_and_refuses_containers(
         time.sleep(0.05)
     (status,) = mps.status("1")
     assert status["state"] == "down" and status["pid"] is None
-    assert status["note"] == f"stale pid file: process {pid} is gone"
+    record = mps.root / "gpu1" / "control.pid"
+    assert status["note"] == f"stale pid record {record}: process {pid} is gone"
     node_view = json.loads(mps.gpuhook("inspect", "node", "-o", "json").stdout)
     assert node_view["gpus"][1]["mps"] == {
         "shared": True,
@@ -266,6 +268,96 @@ def test_no_shared_gpu_and_unknown_names(mps: Mps) -> None:
         2,
         "gpuhook: '3' is not an MPS-shared GPU or share group (shared: gpu0 (GPU 0))\n",
     )
+
+
+@pytest.mark.parametrize("plant", ["file", "symlink"])
+def test_a_client_container_cannot_steer_stop_or_create_through_the_pipe_dir(
+    mps: Mps, containers: Containers, tmp_path: Path, plant: str
+) -> None:
+    """An MPS client container (root inside, the pipe folder mounted read-write) replaces the
+    daemon's pid file with the pid of another group's daemon (as a file, or as a link to a host
+    file holding it), and plants links where a record might be looked for. Its own daemon then
+    dies. gpuhook reads none of it: creates for that group are refused (daemon down),
+    `gpuhook mps stop` signals no other process, and the next start gets an empty pipe folder."""
+    env = mps.configure(gpus=[0, 1])
+    mps.start()
+    other, own = mps.status("0")[0]["pid"], mps.status("1")[0]["pid"]
+    host_file = tmp_path / "other-pid"
+    host_file.write_text(f"{other}\n")
+    pid_file = "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+    write = {"file": f"echo {other} > {pid_file}", "symlink": f"ln -sf {host_file} {pid_file}"}
+    script = (
+        f"rm -f {pid_file} && {write[plant]} && "
+        f"ln -s {host_file} $CUDA_MPS_PIPE_DIRECTORY/control.pid && "
+        "ln -s / $CUDA_MPS_PIPE_DIRECTORY/root && ls $CUDA_MPS_PIPE_DIRECTORY"
+    )
+    out, _ = run_script(containers, env, script, env=["NVIDIA_VISIBLE_DEVICES=1"])
+    assert out.returncode == 0, out.stderr
+    assert "control.pid" in out.stdout.split()
+    os.kill(own, signal.SIGKILL)  # the group's daemon dies; the planted pid file stays
+    deadline = time.monotonic() + 5
+    while own in mps.daemons() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    refused = containers.run(
+        containers.bundle(args=("/bin/true",), env=["NVIDIA_VISIBLE_DEVICES=1"]), env
+    )
+    assert (refused.returncode, refused.stderr) == (
+        1,
+        "gpuhook: the MPS control daemon of GPU 1 (group gpu1) is not running; "
+        "start it: gpuhook mps start gpu1\n",
+    )
+    assert mps.status("1")[0]["state"] == "down"
+    stopped = mps.gpuhook("mps", "stop", "1")
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.startswith("gpu1 (GPU 1): not running, pipe ")
+    assert mps.daemons() == [other]  # the other group's daemon was never signalled
+    assert mps.status("0")[0]["state"] == "running"
+
+    mps.start("1")
+    planted = {"control.pid", "root"}
+    assert planted.isdisjoint(os.listdir(mps.pipe("gpu1")))  # a new, empty pipe folder
+    own = mps.status("1")[0]["pid"]
+    assert (mps.pipe("gpu1") / "nvidia-cuda-mps-control.pid").read_text().strip() == str(own)
+    assert sorted(mps.daemons()) == sorted([other, own])
+    assert host_file.read_text() == f"{other}\n"
+
+
+def test_a_look_alike_in_another_pid_namespace_is_never_taken_for_the_daemon(
+    mps: Mps, tmp_path: Path
+) -> None:
+    """A process with the daemon's argv (`nvidia-cuda-mps-control -d`) and its pipe folder in
+    its env, as a container's root can start one, but in another pid namespace: gpuhook never
+    adopts it (status: down), never signals it (stop: not running). The same process in gpuhook's
+    own pid namespace is found, so the test can fail."""
+    mps.configure(gpus=[1])
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(mps.pipe("gpu1"))}
+    argv = ["nvidia-cuda-mps-control", "-d", "-c", "import time; time.sleep(60)"]
+    code = f"import os, sys; os.execve(sys.executable, {argv!r}, {env!r})"
+    impostor = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", code]
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not mps.daemons() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (pid,) = mps.daemons()  # visible from the host, with the daemon's argv and env
+        assert mps.status("1")[0]["state"] == "down"
+        out = mps.gpuhook("mps", "stop", "1")
+        assert out.returncode == 0 and out.stdout.startswith("gpu1 (GPU 1): not running")
+        assert mps.daemons() == [pid]
+    finally:
+        impostor.kill()
+        impostor.wait(10)
+    twin = subprocess.Popen([sys.executable, "-c", code])  # the control: gpuhook's pid namespace
+    try:
+        deadline = time.monotonic() + 10
+        while mps.status("1")[0]["state"] != "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mps.status("1")[0]["pid"] == twin.pid
+    finally:
+        twin.kill()
+        twin.wait(10)
 
 
 # --- containers -----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from gpuhook.config import Config
 from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
 from gpuhook.pipeline import flow, request
 from gpuhook.pipeline.kubelet import Allocation
+from gpuhook.records import gc as records_gc
 from gpuhook.records import lookup, writer
 from gpuhook.runtime import decide as decide_mod
 from tests import factories as f
@@ -253,9 +254,9 @@ def test_gc_removes_links_of_deleted_containers_only(tmp_path: Path) -> None:
         )
 
     before = sorted(os.listdir(folder))
-    dry = lookup.gc(config, dry_run=True, probe=probe)
+    dry = records_gc.gc(config, dry_run=True, probe=probe)
     assert sorted(os.listdir(folder)) == before
-    report = lookup.gc(config, probe=probe)
+    report = records_gc.gc(config, probe=probe)
     for r in (dry, report):
         assert sorted(i.container_id for i in r.removed) == ["dangling", "gone", "x.json.123.tmp"]
         kept = {i.container_id: i.reason for i in r.items if not i.removed}
@@ -273,11 +274,11 @@ def test_runtime_state_needs_two_witnesses(tmp_path: Path) -> None:
     fake.chmod(0o755)
     root = tmp_path / "root"
     (root / "half").mkdir(parents=True)
-    assert lookup.runtime_state(str(fake), str(root), "alive")[0] is True
-    state, why = lookup.runtime_state(str(fake), str(root), "gone")
+    assert records_gc.runtime_state(str(fake), str(root), "alive")[0] is True
+    state, why = records_gc.runtime_state(str(fake), str(root), "gone")
     assert state is False and why.startswith(f"not in runc state (root {root})")
-    assert lookup.runtime_state(str(fake), str(root), "half")[0] is None
-    assert lookup.runtime_state(str(tmp_path / "nope"), str(root), "x") == (
+    assert records_gc.runtime_state(str(fake), str(root), "half")[0] is None
+    assert records_gc.runtime_state(str(tmp_path / "nope"), str(root), "x") == (
         None,
         f"cannot tell: runtime {tmp_path}/nope not found",
     )

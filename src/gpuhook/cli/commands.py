@@ -491,10 +491,10 @@ def gc_command(obj: Context, dry_run: bool, grace: float, output: str | None) ->
     containers, recent records and anything gc cannot judge are kept, each with the reason.
     """
     from gpuhook.cli import tables
-    from gpuhook.records import lookup
+    from gpuhook.records import gc as records_gc
 
     config = obj.config()
-    report = lookup.gc(config, dry_run=dry_run, grace_s=grace)
+    report = records_gc.gc(config, dry_run=dry_run, grace_s=grace)
     log.get_logger().info(
         "gc",
         dry_run=dry_run,

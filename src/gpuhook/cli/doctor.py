@@ -243,74 +243,106 @@ REQUIRED_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm")
 
 @register("device nodes")
 def check_device_nodes(node: Node) -> Result:
-    from gpuhook.inventory import catalog, driverroot
+    from gpuhook.inventory import driverroot
 
     config = node.need_config()
     inv = node.inventory()
     if inv is None:
         return Result("device nodes", SKIP, "needs the inventory (see the inventory check)")
-    missing: list[str] = []
-    changed: list[str] = []
-    optional: list[str] = []
-    unlisted: list[str] = []
-    count = 0
+    found: dict[str, list[str]] = {k: [] for k in NODE_STATES}
+    for state, text in _gpu_node_states(config.dev_root, inv) + _control_node_states(
+        config.dev_root, inv
+    ):
+        found[state].append(text)
+    return _device_nodes_result(found, driverroot.host_path(config.dev_root, "/dev"))
 
-    def expect(path: str, what: str, major: int | None, minor: int | None) -> None:
-        nonlocal count
-        found = driverroot.read_node(config.dev_root, path)
-        host = driverroot.host_path(config.dev_root, path)
-        if found is None:
-            missing.append(f"{host} ({what})")
-        elif major is not None and (found.major, found.minor) != (major, minor):
-            changed.append(
-                f"{host} is {found.major}:{found.minor}, the inventory says {major}:{minor}"
-            )
-        else:
-            count += 1
 
+NODE_STATES = ("present", "missing", "changed", "unlisted", "optional")
+
+
+def _node_state(
+    dev_root: str, path: str, what: str, major: int | None, minor: int | None
+) -> tuple[str, str]:
+    """One expected node: ("present" | "missing" | "changed", what to say)."""
+    from gpuhook.inventory import driverroot
+
+    found = driverroot.read_node(dev_root, path)
+    host = driverroot.host_path(dev_root, path)
+    if found is None:
+        return "missing", f"{host} ({what})"
+    if major is not None and (found.major, found.minor) != (major, minor):
+        return (
+            "changed",
+            f"{host} is {found.major}:{found.minor}, the inventory says {major}:{minor}",
+        )
+    return "present", host
+
+
+def _gpu_node_states(dev_root: str, inv: Inventory) -> list[tuple[str, str]]:
+    """The node of every GPU of the inventory, and the caps of its MIG devices."""
+    from gpuhook.inventory import driverroot
+
+    out = []
     for gpu in inv.gpus:
         if gpu.node is None:
-            missing.append(
-                f"{driverroot.host_path(config.dev_root, f'/dev/nvidia{gpu.minor}')} "
-                f"(GPU {gpu.index})"
-            )
+            host = driverroot.host_path(dev_root, f"/dev/nvidia{gpu.minor}")
+            out.append(("missing", f"{host} (GPU {gpu.index})"))
         else:
-            expect(gpu.node.path, f"GPU {gpu.index}", gpu.node.major, gpu.node.minor)
-        for mig in gpu.mig_devices:
-            for cap in mig.caps:
-                expect(cap.path, f"MIG {mig.display_id}", cap.major, cap.minor)
+            node = gpu.node
+            out.append(_node_state(dev_root, node.path, f"GPU {gpu.index}", node.major, node.minor))
+        out += [
+            _node_state(dev_root, cap.path, f"MIG {mig.display_id}", cap.major, cap.minor)
+            for mig in gpu.mig_devices
+            for cap in mig.caps
+        ]
+    return out
+
+
+def _control_node_states(dev_root: str, inv: Inventory) -> list[tuple[str, str]]:
+    """Every control node gpuhook knows: as the inventory lists it, present but not listed,
+    missing (a required one) or absent (an optional one)."""
+    from gpuhook.inventory import catalog, driverroot
+
     known = {n.path: n for n in inv.control_nodes}
+    out = []
     for path in catalog.CONTROL_NODES:
+        host = driverroot.host_path(dev_root, path)
         if path in known:
-            expect(path, "control", known[path].major, known[path].minor)
-        elif driverroot.read_node(config.dev_root, path) is not None:
-            count += 1
-            unlisted.append(driverroot.host_path(config.dev_root, path))
+            out.append(_node_state(dev_root, path, "control", known[path].major, known[path].minor))
+        elif driverroot.read_node(dev_root, path) is not None:
+            out.append(("unlisted", host))
         elif path in REQUIRED_CONTROL_NODES:
-            missing.append(f"{driverroot.host_path(config.dev_root, path)} (control)")
+            out.append(("missing", f"{host} (control)"))
         else:
-            optional.append(driverroot.host_path(config.dev_root, path))
-    if missing:
-        return Result("device nodes", FAIL, "missing: " + ", ".join(missing), NODE_FIX)
-    if changed:
+            out.append(("optional", host))
+    return out
+
+
+def _device_nodes_result(found: dict[str, list[str]], where: str) -> Result:
+    count = len(found["present"]) + len(found["unlisted"])
+    if found["missing"]:
+        return Result("device nodes", FAIL, "missing: " + ", ".join(found["missing"]), NODE_FIX)
+    if found["changed"]:
         return Result(
-            "device nodes", FAIL, "changed: " + "; ".join(changed), "gpuhook inventory refresh"
+            "device nodes",
+            FAIL,
+            "changed: " + "; ".join(found["changed"]),
+            "gpuhook inventory refresh",
         )
-    where = driverroot.host_path(config.dev_root, "/dev")
-    if unlisted:
+    if found["unlisted"]:
         return Result(
             "device nodes",
             WARN,
             f"{count} present under {where}; not in the inventory (containers do not get "
-            f"them): {', '.join(unlisted)}",
+            f"them): {', '.join(found['unlisted'])}",
             "gpuhook inventory refresh",
         )
-    if optional:
+    if found["optional"]:
         return Result(
             "device nodes",
             WARN,
-            f"{count} present under {where}; not present: {', '.join(optional)} (only some "
-            "workloads need them)",
+            f"{count} present under {where}; not present: {', '.join(found['optional'])} (only "
+            "some workloads need them)",
             NODE_FIX,
         )
     return Result("device nodes", PASS, f"{count} present under {where} (GPUs, MIG, control)")
@@ -419,10 +451,16 @@ def check_hook(node: Node) -> Result:
             return Result(
                 "hook",
                 FAIL,
-                f"{key} {path} is not an executable: GPU containers fail to start",
+                f"{key} {path} is not an executable: GPU containers fail to start"
+                + (f" ({config.hook_path_source})" if key == "hook.path" else ""),
                 f"install it there or set {key} in {config.source}",
             )
-    return Result("hook", PASS, f"{config.hook_path} hook update-ldcache, with {config.ldconfig}")
+    return Result(
+        "hook",
+        PASS,
+        f"{config.hook_path} hook update-ldcache ({config.hook_path_source}), "
+        f"with {config.ldconfig}",
+    )
 
 
 def _engine_result(node: Node, engine: str) -> Result:

@@ -130,38 +130,51 @@ def _libraries_view(inv: Inventory) -> dict[str, Any]:
 
 
 def node_table(view: dict[str, Any], color: bool = False) -> str:
+    out = [_node_head(view, color)]
+    if "gpus" not in view:
+        return "".join(out)
+    out.append(_gpus_section(view["gpus"], color))
+    if view.get("mps_error"):
+        out.append(
+            section("MPS", f"  {paint('fail', 'fail', color)}  {view['mps_error']}\n", color)
+        )
+    out.append(_control_nodes_section(view["control_nodes"], color))
+    out += _driver_files_sections(view, color)
+    if view["warnings"]:
+        out.append(
+            section(
+                "Warnings",
+                "".join(f"  {paint('warn', 'warn', color)}  {w}\n" for w in view["warnings"]),
+                color,
+            )
+        )
+    return "\n".join(out)
+
+
+def _node_head(view: dict[str, Any], color: bool) -> str:
     inv = view["inventory"]
-    out = []
     state = "fresh" if inv["fresh"] else "stale" if inv["present"] else "missing"
+    built = f", built {inv['generated_at']} ({age(inv['age_seconds'])})" if inv["present"] else ""
+    stale = f" - {inv['stale_reason']}" if inv["stale_reason"] else ""
     head = [
         ("Config", view["config"]),
         ("Roots", f"driver {view['driver_root']}   dev {view['dev_root']}"),
-        (
-            "Inventory",
-            f"{inv['path']}   {paint(state, state, color)}"
-            + (
-                f", built {inv['generated_at']} ({age(inv['age_seconds'])})"
-                if inv["present"]
-                else ""
-            )
-            + (f" - {inv['stale_reason']}" if inv["stale_reason"] else ""),
-        ),
+        ("Inventory", f"{inv['path']}   {paint(state, state, color)}{built}{stale}"),
     ]
     if "driver" in view:
         d = view["driver"]
-        head.insert(
-            0,
-            (
-                "Driver",
-                f"{d['version']}   CUDA {d['cuda_version']}   NVML {d['nvml_library'] or '-'}",
-            ),
-        )
+        nvml = d["nvml_library"] or "-"
+        head.insert(0, ("Driver", f"{d['version']}   CUDA {d['cuda_version']}   NVML {nvml}"))
     width = max(len(k) for k, _ in head)
-    out.append("".join(f"{k.ljust(width)}  {v}\n" for k, v in head))
-    if "gpus" not in view:
-        return "".join(out)
+    return "".join(f"{k.ljust(width)}  {v}\n" for k, v in head)
+
+
+GPU_HEADERS = ["ID", "UUID", "NAME", "MEMORY", "PCI / MIG", "CC", "DEVICE NODE", "MIG", "MPS"]
+
+
+def _gpus_section(gpus: list[dict[str, Any]], color: bool) -> str:
     rows = []
-    for g in view["gpus"]:
+    for g in gpus:
         node = g["device_node"]
         rows.append(
             [
@@ -178,69 +191,44 @@ def node_table(view: dict[str, Any], color: bool = False) -> str:
                 _mps_cell(g["mps"], color),
             ]
         )
-        for m in g["mig_devices"]:
-            caps = ",".join(c["path"].rsplit("/", 1)[-1] for c in m["caps"])
-            rows.append(
-                [
-                    f"  {m['id']}",
-                    m["uuid"],
-                    m["name"],
-                    mib(m["memory_total"]),
-                    f"GI {m['gpu_instance_id']} CI {m['compute_instance_id']}",
-                    "",
-                    caps or paint("no caps nodes", "fail", color),
-                    "",
-                    "",
-                ]
-            )
-    gpu_title = f"GPUs ({len(view['gpus'])})"
-    out.append(
-        section(
-            gpu_title,
-            table(
-                ["ID", "UUID", "NAME", "MEMORY", "PCI / MIG", "CC", "DEVICE NODE", "MIG", "MPS"],
-                rows,
-            ),
-            color,
-        )
+        rows += [_mig_row(m, color) for m in g["mig_devices"]]
+    return section(f"GPUs ({len(gpus)})", table(GPU_HEADERS, rows), color)
+
+
+def _mig_row(m: dict[str, Any], color: bool) -> list[Any]:
+    caps = ",".join(c["path"].rsplit("/", 1)[-1] for c in m["caps"])
+    return [
+        f"  {m['id']}",
+        m["uuid"],
+        m["name"],
+        mib(m["memory_total"]),
+        f"GI {m['gpu_instance_id']} CI {m['compute_instance_id']}",
+        "",
+        caps or paint("no caps nodes", "fail", color),
+        "",
+        "",
+    ]
+
+
+def _control_nodes_section(nodes: list[dict[str, Any]], color: bool) -> str:
+    rows = [[n["path"], f"{n['major']}:{n['minor']}", n["mode"], n["host_path"]] for n in nodes]
+    return section(
+        "Control device nodes", table(["PATH", "MAJOR:MINOR", "MODE", "HOST PATH"], rows), color
     )
-    if view.get("mps_error"):
-        out.append(
-            section("MPS", f"  {paint('fail', 'fail', color)}  {view['mps_error']}\n", color)
-        )
-    out.append(
-        section(
-            "Control device nodes",
-            table(
-                ["PATH", "MAJOR:MINOR", "MODE", "HOST PATH"],
-                [
-                    [n["path"], f"{n['major']}:{n['minor']}", n["mode"], n["host_path"]]
-                    for n in view["control_nodes"]
-                ],
-            ),
-            color,
-        )
-    )
+
+
+def _driver_files_sections(view: dict[str, Any], color: bool) -> list[str]:
     lib_rows = []
     for cap, libs in view["libraries"].items():
         total = len(libs["found"]) + len(libs["missing"])
         lib_rows.append([cap, f"{len(libs['found'])}/{total}", ", ".join(libs["missing"]) or "-"])
-    out.append(
-        section("Driver libraries", table(["CAPABILITY", "FOUND", "MISSING"], lib_rows), color)
-    )
     files = [["binary", f["name"], f["path"]] for f in view["binaries"]]
     files += [["firmware", f["name"], f["path"]] for f in view["firmware"]]
     files += [["socket", f["name"], f["path"]] for f in view["ipc_sockets"]]
-    out.append(section("Driver files", table(["KIND", "NAME", "PATH"], files), color))
-    if view["warnings"]:
-        out.append(
-            section(
-                "Warnings",
-                "".join(f"  {paint('warn', 'warn', color)}  {w}\n" for w in view["warnings"]),
-                color,
-            )
-        )
-    return "\n".join(out)
+    return [
+        section("Driver libraries", table(["CAPABILITY", "FOUND", "MISSING"], lib_rows), color),
+        section("Driver files", table(["KIND", "NAME", "PATH"], files), color),
+    ]
 
 
 def _mps_cell(mps: dict[str, Any], color: bool) -> str:
@@ -345,8 +333,27 @@ def _mount_rows(mounts: list[dict[str, Any]]) -> list[list[str]]:
 def decision_table(view: dict[str, Any], color: bool = False) -> str:
     """The request, the decision with its reasons, and the edits: shared by inspect spec and
     inspect container."""
-    out = []
     req = view.get("request") or {}  # None in a record: the spec had no GPU marker to parse
+    dec = view["decision"]
+    out = [_decision_head(view, req, color)]
+    channels = req.get("channels") or []
+    if channels:
+        rows = [[c["channel"], c["source"], c["value"] or '""'] for c in channels]
+        out.append(section("Requests", table(["CHANNEL", "SOURCE", "VALUE"], rows), color))
+    reasons = [
+        [paint(r["verdict"], r["verdict"], color), r["channel"], r["value"], r["why"]]
+        for r in dec["reasons"]
+    ]
+    out.append(section("Reasons", table(["VERDICT", "CHANNEL", "VALUE", "WHY"], reasons), color))
+    if view.get("mps"):
+        out.append(section("MPS", table(["LIMIT", "VALUE", "FROM"], _mps_rows(view["mps"])), color))
+    rows = _edit_rows(view.get("edits"))
+    if rows:
+        out.append(section("Injected", table(["KIND", "WHAT"], rows), color))
+    return "\n".join(out)
+
+
+def _decision_head(view: dict[str, Any], req: dict[str, Any], color: bool) -> str:
     kube = view.get("kubernetes")
     who = "-"
     if kube:
@@ -357,78 +364,54 @@ def decision_table(view: dict[str, Any], color: bool = False) -> str:
     elif req.get("channels") is not None:
         who = "not a Kubernetes container"
     dec = view["decision"]
-    if not dec["gpu_container"]:
-        verdict = "no GPU (no request)"
-    elif dec["devices"]:
-        verdict = (
-            paint("granted", "granted", color)
-            + " "
-            + ", ".join(f"{d['id']} ({d['uuid']})" for d in dec["devices"])
-        )
-    elif dec["driver_only"]:
-        verdict = paint("granted", "granted", color) + " driver files only (none)"
-    else:
-        verdict = paint("refused", "refused", color) + ": no GPU"
     head = [
         ("Container", who),
         ("Privileged", "yes" if req.get("privileged") else "no" if req else "-"),
-        ("Decision", verdict),
+        ("Decision", _verdict(dec, color)),
     ]
     if dec.get("capabilities"):
         head.append(("Capabilities", ",".join(dec["capabilities"])))
     width = max(len(k) for k, _ in head)
-    out.append("".join(f"{k.ljust(width)}  {v}\n" for k, v in head))
-    channels = req.get("channels") or []
-    if channels:
-        out.append(
-            section(
-                "Requests",
-                table(
-                    ["CHANNEL", "SOURCE", "VALUE"],
-                    [[c["channel"], c["source"], c["value"] or '""'] for c in channels],
-                ),
-                color,
-            )
-        )
-    out.append(
-        section(
-            "Reasons",
-            table(
-                ["VERDICT", "CHANNEL", "VALUE", "WHY"],
-                [
-                    [paint(r["verdict"], r["verdict"], color), r["channel"], r["value"], r["why"]]
-                    for r in dec["reasons"]
-                ],
-            ),
-            color,
-        )
-    )
-    mps = view.get("mps")
-    if mps:
-        pct = mps["active_thread_percentage"]
-        rows = [
-            ["group", mps["group"], ""],
-            ["pipe dir", f"{mps['container_pipe_dir']} <- {mps['pipe_dir']}", ""],
-            ["active threads", f"{pct['value']}%", pct["source"]],
-        ]
-        rows += [
-            ["pinned memory", f"device {d['index']} (GPU {d['gpu']}): {d['limit']}", d["source"]]
-            for d in mps["pinned_memory_limits"]
-        ]
-        out.append(section("MPS", table(["LIMIT", "VALUE", "FROM"], rows), color))
-    edits = view.get("edits")
-    if edits:
-        rows = [["env", e] for e in edits["env"]]
-        nodes = [f"{d['path']} ({d['major']}:{d['minor']})" for d in edits["deviceNodes"]]
-        if nodes:
-            rows.append(["devices", ", ".join(nodes)])
-        rows += _mount_rows(edits["mounts"])
-        rows += [["hook", f"{h['hookName']}: {' '.join(h['args'])}"] for h in edits["hooks"]]
-        rows += [["remove hook", h] for h in edits.get("removeHooks", [])]
-        rows += [["replace mount", m] for m in edits.get("replaceMounts", [])]
-        if rows:
-            out.append(section("Injected", table(["KIND", "WHAT"], rows), color))
-    return "\n".join(out)
+    return "".join(f"{k.ljust(width)}  {v}\n" for k, v in head)
+
+
+def _verdict(dec: dict[str, Any], color: bool) -> str:
+    if not dec["gpu_container"]:
+        return "no GPU (no request)"
+    granted = paint("granted", "granted", color)
+    if dec["devices"]:
+        return granted + " " + ", ".join(f"{d['id']} ({d['uuid']})" for d in dec["devices"])
+    if dec["driver_only"]:
+        return granted + " driver files only (none)"
+    return paint("refused", "refused", color) + ": no GPU"
+
+
+def _mps_rows(mps: dict[str, Any]) -> list[list[str]]:
+    pct = mps["active_thread_percentage"]
+    rows = [
+        ["group", mps["group"], ""],
+        ["pipe dir", f"{mps['container_pipe_dir']} <- {mps['pipe_dir']}", ""],
+        ["active threads", f"{pct['value']}%", pct["source"]],
+    ]
+    rows += [
+        ["pinned memory", f"device {d['index']} (GPU {d['gpu']}): {d['limit']}", d["source"]]
+        for d in mps["pinned_memory_limits"]
+    ]
+    return rows
+
+
+def _edit_rows(edits: dict[str, Any] | None) -> list[list[str]]:
+    if not edits:
+        return []
+    rows = [["env", e] for e in edits["env"]]
+    nodes = [f"{d['path']} ({d['major']}:{d['minor']})" for d in edits["deviceNodes"]]
+    if nodes:
+        rows.append(["devices", ", ".join(nodes)])
+    rows += _mount_rows(edits["mounts"])
+    rows += [["hook", f"{h['hookName']}: {' '.join(h['args'])}"] for h in edits["hooks"]]
+    rows += [["remove hook", h] for h in edits.get("removeHooks", [])]
+    rows += [["replace mount", m] for m in edits.get("replaceMounts", [])]
+    return rows
 
 
 # --- inspect container ----------------------------------------------------------------------------

@@ -6,9 +6,17 @@ from the inventory's driver binaries with an explicit environment (never the cal
 ``CUDA_VISIBLE_DEVICES`` = the group's GPU UUIDs, ``CUDA_MPS_PIPE_DIRECTORY`` =
 ``<mps.root>/<group>/pipe``, ``CUDA_MPS_LOG_DIRECTORY`` = ``<mps.root>/<group>/log``. The
 group's share is set as the daemon's defaults through the control interface (the same binary in
-client mode, one command per call). The daemon writes its pid to
-``<pipe dir>/nvidia-cuda-mps-control.pid``; :func:`control_pid` (a file read and a /proc read,
-no subprocess) is what the container-create path uses to tell that a daemon is up.
+client mode, one command per call).
+
+The pipe folder is bind-mounted read-write into every MPS client container, so nothing in it is
+trusted: not the daemon's own ``nvidia-cuda-mps-control.pid`` there, nor any link. gpuhook finds
+the daemon it started in /proc (its argv[0], its ``CUDA_MPS_PIPE_DIRECTORY``, gpuhook's pid
+namespace: a container's process has its own) and records its pid in
+``<mps.root>/<group>/control.pid`` (root's, written atomically, beside the pipe folder, never
+mounted). :func:`control_pid` (file and /proc reads, no subprocess) is what the container-create
+path uses to tell that a daemon is up; every signal is sent only after the same check. Each
+start gets a new, empty pipe folder: the folder a container had mounted (and may have filled
+with links) is removed, never reused.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ if TYPE_CHECKING:
     from gpuhook.pipeline.sharing import Group
 
 CONTROL = "nvidia-cuda-mps-control"
-PID_FILE = "nvidia-cuda-mps-control.pid"
+RECORD = "control.pid"
+PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 10.0
@@ -37,37 +46,77 @@ SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # --- liveness (hot path: os only) --------------------------------------------------------------
 
 
+def record_path(pipe_dir: str) -> str:
+    """gpuhook's record of the daemon's pid: beside the group's pipe folder, never in it."""
+    return os.path.join(os.path.dirname(pipe_dir.rstrip("/")), RECORD)
+
+
 def control_pid(pipe_dir: str) -> int | None:
-    """The pid of the control daemon whose pid file is in ``pipe_dir``; None when there is no
-    pid file or its process is gone (or is another program that reused the pid)."""
+    """The pid of the control daemon serving ``pipe_dir``, from gpuhook's record; None when
+    there is no record, or its process is gone or is not that daemon (see :func:`serves`)."""
+    pid = recorded_pid(pipe_dir)
+    return pid if pid is not None and serves(pid, pipe_dir) else None
+
+
+def recorded_pid(pipe_dir: str) -> int | None:
+    """The pid in the record, whether or not it still runs; None for no (or no trusted) record:
+    a link, not a regular file, or owned by someone other than root or this user."""
     try:
-        with open(os.path.join(pipe_dir, PID_FILE), "rb") as fh:
-            text = fh.read(32).strip()
+        fd = os.open(record_path(pipe_dir), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
-    if not text.isdigit() or int(text) <= 1:
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000 or st.st_uid not in (0, os.geteuid()):
+            return None
+        text = os.read(fd, 32).strip()
+    except OSError:
         return None
-    pid = int(text)
-    return pid if _is_control(pid) else None
+    finally:
+        os.close(fd)
+    return int(text) if text.isdigit() and int(text) > 1 else None
 
 
-def _is_control(pid: int) -> bool:
-    """Whether ``pid`` runs nvidia-cuda-mps-control (a zombie has an empty cmdline: gone)."""
+def serves(pid: int, pipe_dir: str) -> bool:
+    """Whether ``pid`` is an nvidia-cuda-mps-control (not a zombie) started with
+    ``CUDA_MPS_PIPE_DIRECTORY=pipe_dir`` in this process's pid namespace (a container's process
+    has its own, whatever argv and env it chose). Where its environ
+    cannot be read (not root: a report only, never a signal), argv[0] alone is checked."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             argv0 = fh.read(4096).split(b"\0", 1)[0]
     except OSError:
         return False
-    return os.path.basename(argv0) == CONTROL.encode()
-
-
-def _pid_file_value(pipe_dir: str) -> int | None:
+    if os.path.basename(argv0) != CONTROL.encode():
+        return False
     try:
-        with open(os.path.join(pipe_dir, PID_FILE), "rb") as fh:
-            text = fh.read(32).strip()
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            environ = fh.read().split(b"\0")
+        same_ns = os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
+    except PermissionError:
+        return os.geteuid() != 0
     except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+        return False
+    return same_ns and f"{PIPE_ENV}={pipe_dir}".encode() in environ
+
+
+def find_daemon(pipe_dir: str) -> int | None:
+    """The control daemon serving ``pipe_dir`` found in /proc (no record needed): the lowest
+    such pid, None when there is none. CLI only (a /proc scan)."""
+    for entry in sorted((e for e in os.listdir("/proc") if e.isdigit()), key=int):
+        if serves(int(entry), pipe_dir) and _daemonized(int(entry)):
+            return int(entry)
+    return None
+
+
+def _daemonized(pid: int) -> bool:
+    """A control daemon, not a client-mode call of the same binary (which has the same env)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read(4096).split(b"\0")
+    except OSError:
+        return False
+    return len(argv) > 1 and argv[1] in (b"-d", b"-f")
 
 
 # --- the daemon of one group --------------------------------------------------------------------
@@ -117,7 +166,9 @@ class Daemon:
         return f"{self.group.name} ({what} {self.group.indices})"
 
     def pid(self) -> int | None:
-        return control_pid(self.pipe_dir)
+        """The running daemon of this group: the recorded one, else one found in /proc (a
+        daemon started before gpuhook kept a record: adopted by the next start)."""
+        return control_pid(self.pipe_dir) or find_daemon(self.pipe_dir)
 
     def send(self, command: str) -> str:
         """One command through the control interface; its reply. Raises MpsError."""
@@ -153,32 +204,62 @@ class Daemon:
 
     def start(self) -> dict[str, Any]:
         """Start the daemon unless it runs, then set the group's share as its defaults."""
-        for folder in (self.pipe_dir, self.log_dir):
-            os.makedirs(folder, mode=0o755, exist_ok=True)
+        os.makedirs(os.path.dirname(self.pipe_dir), mode=0o755, exist_ok=True)
+        os.makedirs(self.log_dir, mode=0o755, exist_ok=True)
         with self.lock():
             pid = self.pid()
             state = "already running"
             if pid is None:
-                self._remove_pid_file()
-                if self.config.mps.exclusive_process:
-                    self._compute_mode("EXCLUSIVE_PROCESS")
-                try:
-                    self._spawn()
-                    pid = _wait(self.pid, START_TIMEOUT_S)
-                    if pid is None:
-                        raise MpsError(
-                            f"{self.label}: the control daemon did not come up within "
-                            f"{START_TIMEOUT_S:.0f}s; see {self.log_dir}/control.log"
-                        )
-                except MpsError:
-                    if self.config.mps.exclusive_process:  # no daemon: leave the GPUs usable
-                        self._compute_mode("DEFAULT")
-                    raise
-                state = "started"
+                pid, state = self._start_new(), "started"
+            self._record(pid)
             defaults = self.group.default_commands()
             for command in defaults:
                 self.send(command)
         return {**self._head(), "state": state, "pid": pid, "defaults_set": defaults}
+
+    def _start_new(self) -> int:
+        self._forget()
+        self._fresh_pipe_dir()
+        if self.config.mps.exclusive_process:
+            self._compute_mode("EXCLUSIVE_PROCESS")
+        try:
+            self._spawn()
+            pid: int | None = _wait(lambda: find_daemon(self.pipe_dir), START_TIMEOUT_S)
+            if pid is None:
+                raise MpsError(
+                    f"{self.label}: the control daemon did not come up within "
+                    f"{START_TIMEOUT_S:.0f}s; see {self.log_dir}/control.log"
+                )
+        except MpsError:
+            if self.config.mps.exclusive_process:  # no daemon: leave the GPUs usable
+                self._compute_mode("DEFAULT")
+            raise
+        return pid
+
+    def _fresh_pipe_dir(self) -> None:
+        """A new, empty pipe folder (root's, 0755): the old one, which client containers had
+        mounted and could fill, is renamed away and removed without following its links."""
+        import shutil
+
+        if os.path.lexists(self.pipe_dir):
+            old = f"{self.pipe_dir}.old-{os.getpid()}"
+            os.rename(self.pipe_dir, old)
+            if os.path.isdir(old) and not os.path.islink(old):
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.unlink(old)
+        os.mkdir(self.pipe_dir, 0o755)
+
+    def _record(self, pid: int) -> None:
+        from gpuhook.fsutil import atomic_write
+
+        atomic_write(record_path(self.pipe_dir), f"{pid}\n".encode(), 0o644)
+
+    def _forget(self) -> None:
+        try:
+            os.unlink(record_path(self.pipe_dir))
+        except FileNotFoundError:
+            pass
 
     def _spawn(self) -> None:
         import subprocess
@@ -212,9 +293,8 @@ class Daemon:
 
     def stop(self) -> dict[str, Any]:
         """``quit`` through the control interface; a daemon that outlives it gets SIGTERM, then
-        SIGKILL. Afterwards no daemon of this group runs."""
-        import signal
-
+        SIGKILL, each sent only while the pid still is this group's daemon (:func:`serves`).
+        Afterwards no daemon of this group runs."""
         with self.lock():
             pid = self.pid()
             state = "not running"
@@ -223,25 +303,28 @@ class Daemon:
                     self.send("quit")
                 except MpsError:
                     pass  # the signals below still stop it
-                for sig, wait_s in (
-                    (None, STOP_TIMEOUT_S),
-                    (signal.SIGTERM, 5.0),
-                    (signal.SIGKILL, 5.0),
-                ):
-                    if sig is not None and _is_control(pid):
-                        try:
-                            os.kill(pid, sig)
-                        except ProcessLookupError:
-                            pass
-                    if _wait(lambda p=pid: None if _is_control(p) else p, wait_s) is not None:
-                        break
-                if _is_control(pid):
-                    raise MpsError(f"{self.label}: the control daemon (pid {pid}) did not stop")
+                self._signal_until_gone(pid)
                 state = "stopped"
-            self._remove_pid_file()
+            self._forget()
             if self.config.mps.exclusive_process:
                 self._compute_mode("DEFAULT")
         return {**self._head(), "state": state, "pid": pid}
+
+    def _signal_until_gone(self, pid: int) -> None:
+        import signal
+
+        def gone() -> bool | None:
+            return True if not serves(pid, self.pipe_dir) else None
+
+        for sig, wait_s in ((None, STOP_TIMEOUT_S), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            if sig is not None and serves(pid, self.pipe_dir):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            if _wait(gone, wait_s):
+                return
+        raise MpsError(f"{self.label}: the control daemon (pid {pid}) did not stop")
 
     def status(self) -> dict[str, Any]:
         pid = self.pid()
@@ -253,9 +336,9 @@ class Daemon:
             "defaults": None,
             "servers": None,
         }
-        stale = _pid_file_value(self.pipe_dir)
+        stale = recorded_pid(self.pipe_dir)
         if pid is None and stale is not None:
-            out["note"] = f"stale pid file: process {stale} is gone"
+            out["note"] = f"stale pid record {record_path(self.pipe_dir)}: process {stale} is gone"
         if pid is not None:
             try:
                 out["defaults"] = {
@@ -290,12 +373,6 @@ class Daemon:
             "pipe_dir": self.pipe_dir,
             "log_dir": self.log_dir,
         }
-
-    def _remove_pid_file(self) -> None:
-        try:
-            os.unlink(os.path.join(self.pipe_dir, PID_FILE))
-        except FileNotFoundError:
-            pass
 
     def _compute_mode(self, mode: str) -> None:
         from gpuhook.inventory import nvml, store

@@ -460,7 +460,29 @@ def plan(
     not fit the node."""
     if not decision.devices or "compute" not in decision.capabilities:
         return None  # no CUDA without the compute libraries: not an MPS client (e.g. monitoring)
-    groups = resolve_groups(mps, inventory, source)
+    group = _served_group(decision, resolve_groups(mps, inventory, source))
+    if group is None:
+        return None
+    percentage, percentage_source = _percentage(group, request.annotation(ANN_PERCENTAGE))
+    asked = _pinned_annotation(request.annotation(ANN_PINNED), len(group.gpus))
+    devices = [
+        _device(i, gpu, share, asked.get(i))
+        for i, (gpu, share) in enumerate(zip(group.gpus, group.pinned, strict=True))
+    ]
+    return MpsPlan(
+        group.name,
+        group.pipe_dir(mps.root),
+        group.log_dir(mps.root) if mps.log_dir else "",
+        mps.shm,
+        percentage if percentage is not None else 100,
+        percentage_source if percentage is not None else "no share configured",
+        tuple(devices),
+    )
+
+
+def _served_group(decision: Decision, groups: tuple[Group, ...]) -> Group | None:
+    """The one group whose daemon serves every granted device; None when none is shared.
+    Raises :class:`RequestError` when one daemon cannot serve exactly the grant."""
     group_of = {gpu.uuid: g for g in groups for gpu in g.gpus}
     shared = [d for d in decision.devices if d.kind == KIND_GPU and d.uuid in group_of]
     if not shared:
@@ -481,83 +503,60 @@ def plan(
             "one group (mps.groups) or request one of them"
         )
     group = group_of[shared[0].uuid]
-    granted = {d.uuid for d in shared}
-    if granted != {g.uuid for g in group.gpus}:
+    if {d.uuid for d in shared} != {g.uuid for g in group.gpus}:
         raise RequestError(
             f"GPU {shared[0].display_id} is MPS-shared in group {group.name} with GPUs "
             f"{group.indices}, and an MPS client reaches every GPU of its daemon: request all "
             f"of GPUs {group.indices}, or give GPU {shared[0].display_id} its own group"
         )
+    return group
 
-    percentage = group.percentage.value
-    percentage_source = group.percentage.source
-    raw = request.annotation(ANN_PERCENTAGE)
-    if raw is not None:
-        text = raw.strip()
-        if not text.isdigit() or not 1 <= int(text) <= 100:
-            raise RequestError(
-                f"annotation {ANN_PERCENTAGE}: {raw!r} is not a percentage from 1 to 100"
-            )
-        if percentage is not None and int(text) > percentage:
-            raise RequestError(
-                f"annotation {ANN_PERCENTAGE}: {int(text)} is more than the share of MPS group "
-                f"{group.name} ({percentage}, {percentage_source}); an annotation may only "
-                "lower it"
-            )
-        percentage, percentage_source = int(text), f"annotation {ANN_PERCENTAGE}"
 
-    asked = _pinned_annotation(request.annotation(ANN_PINNED), len(group.gpus))
-    devices = []
-    for i, (gpu, share) in enumerate(zip(group.gpus, group.pinned, strict=True)):
-        if i in asked:
-            value = asked[i] // MIB * MIB
-            if value > gpu.memory_total:
-                raise RequestError(
-                    f"annotation {ANN_PINNED}: {format_size(value)} for device {i} is more than "
-                    f"the memory of GPU {gpu.index} ({format_size(gpu.memory_total)})"
-                )
-            if share.value is not None and value > share.value:
-                raise RequestError(
-                    f"annotation {ANN_PINNED}: {format_size(value)} for device {i} is more than "
-                    f"the share of GPU {gpu.index} ({format_size(share.value)}, {share.source}); "
-                    "an annotation may only lower it"
-                )
-            devices.append(
-                MpsDevice(
-                    i,
-                    gpu.index,
-                    gpu.uuid,
-                    gpu.memory_total,
-                    value,
-                    f"annotation {ANN_PINNED}",
-                    True,
-                )
+def _percentage(group: Group, raw: str | None) -> tuple[int | None, str]:
+    """The active thread percentage and its source: the annotation's, which may only lower
+    the group's share, else the share."""
+    percentage, percentage_source = group.percentage.value, group.percentage.source
+    if raw is None:
+        return percentage, percentage_source
+    text = raw.strip()
+    if not text.isdigit() or not 1 <= int(text) <= 100:
+        raise RequestError(
+            f"annotation {ANN_PERCENTAGE}: {raw!r} is not a percentage from 1 to 100"
+        )
+    if percentage is not None and int(text) > percentage:
+        raise RequestError(
+            f"annotation {ANN_PERCENTAGE}: {int(text)} is more than the share of MPS group "
+            f"{group.name} ({percentage}, {percentage_source}); an annotation may only "
+            "lower it"
+        )
+    return int(text), f"annotation {ANN_PERCENTAGE}"
+
+
+def _device(i: int, gpu: GroupGpu, share: Share, asked: int | None) -> MpsDevice:
+    """The pinned memory limit of the container's device ``i``: the annotation's (at most the
+    share and the GPU's memory), else the share, else the whole GPU (not counted)."""
+    if asked is None:
+        if share.value is not None:
+            return MpsDevice(
+                i, gpu.index, gpu.uuid, gpu.memory_total, share.value, share.source, True
             )
-        elif share.value is not None:
-            devices.append(
-                MpsDevice(i, gpu.index, gpu.uuid, gpu.memory_total, share.value, share.source, True)
-            )
-        else:
-            devices.append(
-                MpsDevice(
-                    i,
-                    gpu.index,
-                    gpu.uuid,
-                    gpu.memory_total,
-                    gpu.memory_total // MIB * MIB,
-                    "no share configured (the whole GPU)",
-                    False,
-                )
-            )
-    return MpsPlan(
-        group.name,
-        group.pipe_dir(mps.root),
-        group.log_dir(mps.root) if mps.log_dir else "",
-        mps.shm,
-        percentage if percentage is not None else 100,
-        percentage_source if percentage is not None else "no share configured",
-        tuple(devices),
-    )
+        whole = gpu.memory_total // MIB * MIB
+        why = "no share configured (the whole GPU)"
+        return MpsDevice(i, gpu.index, gpu.uuid, gpu.memory_total, whole, why, False)
+    value = asked // MIB * MIB
+    if value > gpu.memory_total:
+        raise RequestError(
+            f"annotation {ANN_PINNED}: {format_size(value)} for device {i} is more than "
+            f"the memory of GPU {gpu.index} ({format_size(gpu.memory_total)})"
+        )
+    if share.value is not None and value > share.value:
+        raise RequestError(
+            f"annotation {ANN_PINNED}: {format_size(value)} for device {i} is more than "
+            f"the share of GPU {gpu.index} ({format_size(share.value)}, {share.source}); "
+            "an annotation may only lower it"
+        )
+    source = f"annotation {ANN_PINNED}"
+    return MpsDevice(i, gpu.index, gpu.uuid, gpu.memory_total, value, source, True)
 
 
 def _kind(display_id: str, kind: str) -> str:

@@ -1,7 +1,7 @@
 """Decision records: one JSON file per create, and finding them again.
 
 Owns: building and writing records (:mod:`.writer`, the one record writer), lookup by id or
-prefix, listing and gc (:mod:`.lookup`).
+prefix, and listing (:mod:`.lookup`), gc of the links of deleted containers (:mod:`.gc`).
 
 May import: gpuhook.pipeline, gpuhook.model, the top-level modules.
 """

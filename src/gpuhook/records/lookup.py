@@ -1,40 +1,27 @@
-"""Decision records on the reading side: find one by container id or unique prefix, list them,
-and collect the links of deleted containers (``gpuhook gc``).
+"""Decision records on the reading side: find one by container id or unique prefix, and list
+them (the links of deleted containers are collected by :mod:`gpuhook.records.gc`).
 
 The shim writes each record into the container's bundle and links it as
 ``<state_dir>/containers/<id>.json`` (:mod:`gpuhook.records.writer`).
-The engine deletes the bundle with
-the container, so a dangling link is a deleted container. A link that still resolves may belong
-to a container that the runtime no longer knows (``runc run`` returns after removing its
-container, an engine that keeps bundles): ``gc`` asks the runtime recorded in the record
-(``<runtime> --root <root> state <id>``) and removes the link only when the runtime says the
-container does not exist and its state folder agrees.
 """
 
 from __future__ import annotations
 
 import os
-import time
 
 from gpuhook import _fastjson
 from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
     from gpuhook.config import Config
-
-    StateProbe = Callable[[str, str, str], tuple[bool | None, str]]
 
 SUFFIX = ".json"
 LIVE = "live"
 DELETED = "deleted"
 UNREADABLE = "unreadable"
-GC_GRACE_S = 60.0
-# Where a runtime keeps its containers' state when it is run without --root (as root).
-DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 
 
@@ -81,7 +68,8 @@ def read_record(path: str) -> dict[str, Any]:
     return record
 
 
-def _entry(folder: str, name: str) -> Entry:
+def entry_of(folder: str, name: str) -> Entry:
+    """The record link ``name`` of ``folder``: live, deleted (dangling) or unreadable."""
     container_id = name[: -len(SUFFIX)]
     link = os.path.join(folder, name)
     try:
@@ -104,11 +92,12 @@ def scan(folder: str) -> list[Entry]:
         names = sorted(os.listdir(folder))
     except FileNotFoundError:
         return []
-    entries = [_entry(folder, n) for n in names if n.endswith(SUFFIX) and len(n) > len(SUFFIX)]
-    return sorted(entries, key=lambda e: (_timestamp(e), e.container_id))
+    entries = [entry_of(folder, n) for n in names if n.endswith(SUFFIX) and len(n) > len(SUFFIX)]
+    return sorted(entries, key=lambda e: (created_at(e), e.container_id))
 
 
-def _timestamp(entry: Entry) -> float:
+def created_at(entry: Entry) -> float:
+    """When the record was written: its timestamp, else the link's mtime."""
     if entry.record is not None and isinstance(entry.record.get("timestamp"), (int, float)):
         return float(entry.record["timestamp"])
     try:
@@ -135,7 +124,7 @@ def find(config: Config, wanted: str) -> Entry:
         raise RecordNotFoundError(f"{wanted!r} is not a container id")
     exact = os.path.join(folder, wanted + SUFFIX)
     if os.path.lexists(exact):
-        entry = _entry(folder, wanted + SUFFIX)
+        entry = entry_of(folder, wanted + SUFFIX)
         _check_usable(entry)
         return entry
     try:
@@ -148,7 +137,7 @@ def find(config: Config, wanted: str) -> Entry:
         ) from None
     except OSError as exc:
         raise RecordNotFoundError(f"cannot list {folder}: {exc.strerror}") from None
-    matches = [_entry(folder, n) for n in names if n.endswith(SUFFIX) and n.startswith(wanted)]
+    matches = [entry_of(folder, n) for n in names if n.endswith(SUFFIX) and n.startswith(wanted)]
     live = [e for e in matches if e.state != DELETED]
     if len(live) == 1:
         _check_usable(live[0])
@@ -178,168 +167,3 @@ def _check_usable(entry: Entry) -> None:
         raise RecordNotFoundError(
             f"decision record of container {entry.container_id} ({entry.target}): {entry.problem}"
         )
-
-
-# --- gc ---------------------------------------------------------------------------------------
-
-
-class GcItem:
-    """What gc did (or would do) with one link, and why."""
-
-    def __init__(self, container_id: str, link: str, removed: bool, reason: str) -> None:
-        self.container_id = container_id
-        self.link = link
-        self.removed = removed
-        self.reason = reason
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "container_id": self.container_id,
-            "link": self.link,
-            "action": "remove" if self.removed else "keep",
-            "reason": self.reason,
-        }
-
-
-class GcReport:
-    def __init__(self, folder: str, dry_run: bool, items: list[GcItem], live: int) -> None:
-        self.folder = folder
-        self.dry_run = dry_run
-        self.items = items
-        self.live = live
-
-    @property
-    def removed(self) -> list[GcItem]:
-        return [i for i in self.items if i.removed]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "records_dir": self.folder,
-            "dry_run": self.dry_run,
-            "removed": [i.to_dict() for i in self.items if i.removed],
-            "kept": [i.to_dict() for i in self.items if not i.removed],
-            "live": self.live,
-        }
-
-
-def runtime_state(runtime: str, root: str, container_id: str) -> tuple[bool | None, str]:
-    """Whether the runtime still has the container: True, False, or None when it cannot tell.
-
-    False needs two witnesses: ``<runtime> [--root ROOT] state ID`` fails, and the runtime's
-    state folder has no entry for the id (runc and crun keep ``<root>/<id>/``).
-    """
-    import subprocess
-
-    name = os.path.basename(runtime)
-    if not runtime or not (os.path.isfile(runtime) and os.access(runtime, os.X_OK)):
-        return None, f"cannot tell: runtime {runtime or '(none recorded)'} not found"
-    argv = [runtime, *(["--root", root] if root else []), "state", container_id]
-    try:
-        proc = subprocess.run(
-            argv, capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"cannot tell: {' '.join(argv)}: {exc}"
-    state_root = root or DEFAULT_ROOTS.get(name, "")
-    where = f"{name} state (root {state_root or 'default'})"
-    if proc.returncode == 0:
-        return True, f"alive in {where}"
-    if not state_root:
-        return None, f"cannot tell: {name} state failed and its state folder is unknown"
-    if os.path.lexists(os.path.join(state_root, container_id)):
-        return None, f"cannot tell: {name} state failed but {state_root}/{container_id} exists"
-    return False, f"not in {where}: the container was deleted; its bundle remains"
-
-
-def gc(
-    config: Config,
-    *,
-    dry_run: bool = False,
-    grace_s: float = GC_GRACE_S,
-    now: float | None = None,
-    probe: StateProbe = runtime_state,
-) -> GcReport:
-    """Remove (or with ``dry_run`` list) the links of deleted containers.
-
-    Removed: dangling links (the engine deleted the bundle), links to records of containers the
-    runtime no longer has, and temporary links an interrupted write left. Kept: live
-    containers, records younger than ``grace_s`` (a create may still be under way), and
-    anything gc cannot judge (said why). Only links are removed; records live in the bundles.
-    """
-    folder = config.records_dir
-    now = time.time() if now is None else now
-    items: list[GcItem] = []
-    live = 0
-    try:
-        names = sorted(os.listdir(folder))
-    except FileNotFoundError:
-        return GcReport(folder, dry_run, items, 0)
-    for name in names:
-        link = os.path.join(folder, name)
-        if name.endswith(".tmp") and SUFFIX + "." in name:
-            if _age(link, now) >= grace_s:
-                items.append(
-                    _remove(link, name, "leftover of an interrupted record write", dry_run)
-                )
-            continue
-        if not name.endswith(SUFFIX) or len(name) == len(SUFFIX):
-            continue
-        entry = _entry(folder, name)
-        if entry.state == DELETED:
-            items.append(
-                _remove(
-                    link,
-                    entry.container_id,
-                    f"bundle {os.path.dirname(entry.target)} is gone: the engine deleted "
-                    "the container",
-                    dry_run,
-                    expect=entry.target,
-                )
-            )
-            continue
-        if entry.state == UNREADABLE or entry.record is None:
-            items.append(GcItem(entry.container_id, link, False, f"kept: {entry.problem}"))
-            continue
-        age = now - _timestamp(entry)
-        if age < grace_s:
-            items.append(
-                GcItem(
-                    entry.container_id,
-                    link,
-                    False,
-                    f"kept: created {int(age)}s ago, too recent to judge (--grace {grace_s:g})",
-                )
-            )
-            continue
-        runtime = entry.record.get("runtime")
-        path = runtime.get("path", "") if isinstance(runtime, dict) else ""
-        root = runtime.get("root", "") if isinstance(runtime, dict) else ""
-        alive, detail = probe(str(path or ""), str(root or ""), entry.container_id)
-        if alive:
-            live += 1
-        elif alive is None:
-            items.append(GcItem(entry.container_id, link, False, f"kept: {detail}"))
-        else:
-            items.append(_remove(link, entry.container_id, detail, dry_run, expect=entry.target))
-    return GcReport(folder, dry_run, items, live)
-
-
-def _age(path: str, now: float) -> float:
-    try:
-        return now - os.lstat(path).st_mtime
-    except OSError:
-        return 0.0
-
-
-def _remove(link: str, name: str, reason: str, dry_run: bool, expect: str = "") -> GcItem:
-    if dry_run:
-        return GcItem(name, link, True, reason)
-    try:
-        if expect and os.readlink(link) != expect:
-            return GcItem(name, link, False, "kept: re-created while gc ran")
-        os.unlink(link)
-    except FileNotFoundError:
-        pass  # removed by someone else meanwhile: the outcome gc wanted
-    except OSError as exc:
-        return GcItem(name, link, False, f"kept: cannot remove {link}: {exc.strerror}")
-    return GcItem(name, link, True, reason)

@@ -1,0 +1,193 @@
+"""``gpuhook gc``: remove the links of deleted containers from ``<state_dir>/containers/``.
+
+The engine deletes the bundle with the container, so a dangling link is a deleted container. A
+link that still resolves may belong to a container that the runtime no longer knows (``runc
+run`` returns after removing its container, an engine that keeps bundles): ``gc`` asks the
+runtime recorded in the record (``<runtime> --root <root> state <id>``) and removes the link only
+when the runtime says the container does not exist and its state folder agrees.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from gpuhook.records.lookup import DELETED, SUFFIX, UNREADABLE, created_at, entry_of
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from gpuhook.config import Config
+
+    StateProbe = Callable[[str, str, str], tuple[bool | None, str]]
+
+GC_GRACE_S = 60.0
+# Where a runtime keeps its containers' state when it is run without --root (as root).
+DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
+
+
+class GcItem:
+    """What gc did (or would do) with one link, and why."""
+
+    def __init__(self, container_id: str, link: str, removed: bool, reason: str) -> None:
+        self.container_id = container_id
+        self.link = link
+        self.removed = removed
+        self.reason = reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "container_id": self.container_id,
+            "link": self.link,
+            "action": "remove" if self.removed else "keep",
+            "reason": self.reason,
+        }
+
+
+class GcReport:
+    def __init__(self, folder: str, dry_run: bool, items: list[GcItem], live: int) -> None:
+        self.folder = folder
+        self.dry_run = dry_run
+        self.items = items
+        self.live = live
+
+    @property
+    def removed(self) -> list[GcItem]:
+        return [i for i in self.items if i.removed]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "records_dir": self.folder,
+            "dry_run": self.dry_run,
+            "removed": [i.to_dict() for i in self.items if i.removed],
+            "kept": [i.to_dict() for i in self.items if not i.removed],
+            "live": self.live,
+        }
+
+
+def runtime_state(runtime: str, root: str, container_id: str) -> tuple[bool | None, str]:
+    """Whether the runtime still has the container: True, False, or None when it cannot tell.
+
+    False needs two witnesses: ``<runtime> [--root ROOT] state ID`` fails, and the runtime's
+    state folder has no entry for the id (runc and crun keep ``<root>/<id>/``).
+    """
+    import subprocess
+
+    name = os.path.basename(runtime)
+    if not runtime or not (os.path.isfile(runtime) and os.access(runtime, os.X_OK)):
+        return None, f"cannot tell: runtime {runtime or '(none recorded)'} not found"
+    argv = [runtime, *(["--root", root] if root else []), "state", container_id]
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"cannot tell: {' '.join(argv)}: {exc}"
+    state_root = root or DEFAULT_ROOTS.get(name, "")
+    where = f"{name} state (root {state_root or 'default'})"
+    if proc.returncode == 0:
+        return True, f"alive in {where}"
+    if not state_root:
+        return None, f"cannot tell: {name} state failed and its state folder is unknown"
+    if os.path.lexists(os.path.join(state_root, container_id)):
+        return None, f"cannot tell: {name} state failed but {state_root}/{container_id} exists"
+    return False, f"not in {where}: the container was deleted; its bundle remains"
+
+
+def gc(
+    config: Config,
+    *,
+    dry_run: bool = False,
+    grace_s: float = GC_GRACE_S,
+    now: float | None = None,
+    probe: StateProbe = runtime_state,
+) -> GcReport:
+    """Remove (or with ``dry_run`` list) the links of deleted containers.
+
+    Removed: dangling links (the engine deleted the bundle), links to records of containers the
+    runtime no longer has, and temporary links an interrupted write left. Kept: live
+    containers, records younger than ``grace_s`` (a create may still be under way), and
+    anything gc cannot judge (said why). Only links are removed; records live in the bundles.
+    """
+    folder = config.records_dir
+    now = time.time() if now is None else now
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return GcReport(folder, dry_run, [], 0)
+    items: list[GcItem] = []
+    live = 0
+    for name in names:
+        item = _judge(folder, name, _Pass(now, grace_s, dry_run, probe))
+        if item is LIVE_ITEM:
+            live += 1
+        elif item is not None:
+            items.append(item)
+    return GcReport(folder, dry_run, items, live)
+
+
+class _Pass:
+    """The settings of one gc run."""
+
+    def __init__(self, now: float, grace_s: float, dry_run: bool, probe: StateProbe) -> None:
+        self.now = now
+        self.grace_s = grace_s
+        self.dry_run = dry_run
+        self.probe = probe
+
+
+LIVE_ITEM = GcItem("", "", False, "alive")  # what _judge returns for a live container
+
+
+def _judge(folder: str, name: str, run: _Pass) -> GcItem | None:
+    """What gc does with one entry of the records folder; None: not gc's (another file)."""
+    link = os.path.join(folder, name)
+    if name.endswith(".tmp") and SUFFIX + "." in name:
+        if _age(link, run.now) < run.grace_s:
+            return None
+        return _remove(link, name, "leftover of an interrupted record write", run.dry_run)
+    if not name.endswith(SUFFIX) or len(name) == len(SUFFIX):
+        return None
+    entry = entry_of(folder, name)
+    if entry.state == DELETED:
+        bundle = os.path.dirname(entry.target)
+        why = f"bundle {bundle} is gone: the engine deleted the container"
+        return _remove(link, entry.container_id, why, run.dry_run, expect=entry.target)
+    if entry.state == UNREADABLE or entry.record is None:
+        return GcItem(entry.container_id, link, False, f"kept: {entry.problem}")
+    age = run.now - created_at(entry)
+    if age < run.grace_s:
+        why = f"kept: created {int(age)}s ago, too recent to judge (--grace {run.grace_s:g})"
+        return GcItem(entry.container_id, link, False, why)
+    runtime = entry.record.get("runtime")
+    path = runtime.get("path", "") if isinstance(runtime, dict) else ""
+    root = runtime.get("root", "") if isinstance(runtime, dict) else ""
+    alive, detail = run.probe(str(path or ""), str(root or ""), entry.container_id)
+    if alive:
+        return LIVE_ITEM
+    if alive is None:
+        return GcItem(entry.container_id, link, False, f"kept: {detail}")
+    return _remove(link, entry.container_id, detail, run.dry_run, expect=entry.target)
+
+
+def _age(path: str, now: float) -> float:
+    try:
+        return now - os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _remove(link: str, name: str, reason: str, dry_run: bool, expect: str = "") -> GcItem:
+    if dry_run:
+        return GcItem(name, link, True, reason)
+    try:
+        if expect and os.readlink(link) != expect:
+            return GcItem(name, link, False, "kept: re-created while gc ran")
+        os.unlink(link)
+    except FileNotFoundError:
+        pass  # removed by someone else meanwhile: the outcome gc wanted
+    except OSError as exc:
+        return GcItem(name, link, False, f"kept: cannot remove {link}: {exc.strerror}")
+    return GcItem(name, link, True, reason)
