@@ -378,3 +378,13 @@ def test_cdi_is_verified_where_the_checkpoint_is_readable() -> None:
     d = decide(spec, error="kubelet checkpoint /x not found")
     assert ids(d) == ["1", "3"]
     assert any(r.channel == "kubelet-checkpoint" and "not verified" in r.why for r in d.reasons)
+
+
+def test_malformed_marker_of_a_verified_pod_is_refused_not_failed() -> None:
+    marker = {
+        "destination": "/var/run/nvidia-container-devices/../../etc",
+        "type": "bind",
+        "source": "/dev/null",
+    }
+    d = decide(f.spec(mounts=[marker], annotations=f.k8s()), allocation=[f.gpu_uuid(1)])
+    assert d.refused and "malformed volume-mount marker" in d.reasons[0].why
