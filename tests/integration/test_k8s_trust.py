@@ -1,6 +1,6 @@
 """The trust holes that real Kubernetes stacks open (issue 19), against real runc containers
 through gpuhook-runtime on the fake node. Each scenario is a spec shaped as that stack writes it;
-each asserts the /dev/nvidia* nodes the container sees (SECURITY.md, class K)."""
+each asserts the /dev/nvidia* nodes the container sees (SECURITY.md, "Found and fixed")."""
 
 from __future__ import annotations
 

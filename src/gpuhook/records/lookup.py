@@ -197,9 +197,9 @@ def find_pod(config: Config, wanted: str) -> list[dict[str, Any]]:
     ]
     if not found:
         raise RecordNotFoundError(
-            f"no decision record of a container of pod {wanted} in {config.records_dir}: "
-            "gpuhook-runtime records the containers whose spec mentions a GPU; a container "
-            "known only by the kubelet's mounts (cri-dockerd) has no pod name, give the pod UID"
+            f"no decision record of a container of pod {wanted} in {config.records_dir}: only "
+            "containers whose spec mentions a GPU are tied to their pod; a container known "
+            "only by the kubelet's mounts (cri-dockerd) has no pod name, give the pod UID"
         )
     return found
 
