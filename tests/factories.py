@@ -154,3 +154,51 @@ def k8s(
         "io.kubernetes.cri.sandbox-namespace": namespace,
         "io.kubernetes.cri.container-name": container,
     }
+
+
+def crio(
+    uid: str = "pod-uid-1",
+    name: str = "trainer",
+    namespace: str = "ml",
+    container: str = "main",
+    ctype: str = "container",
+    copied: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The identity annotations CRI-O writes: its container type, the kubelet's labels, and the
+    JSON lists of the annotations (``copied``, also copied into the spec) and labels it got."""
+    import json
+
+    labels = {
+        "io.kubernetes.pod.uid": uid,
+        "io.kubernetes.pod.name": name,
+        "io.kubernetes.pod.namespace": namespace,
+        "io.kubernetes.container.name": container,
+    }
+    return {
+        "io.kubernetes.cri-o.ContainerType": ctype,
+        "io.kubernetes.cri-o.Labels": json.dumps(labels),
+        "io.kubernetes.cri-o.Annotations": json.dumps(copied or {}),
+        **labels,
+        **(copied or {}),
+    }
+
+
+def kubelet_mounts(
+    uid: str = "pod-uid-1", container: str = "main", kubelet_dir: str = "/var/lib/kubelet"
+) -> list[dict[str, Any]]:
+    """The kubelet's per-pod mounts of an app container: /etc/hosts and the termination log."""
+    pod = f"{kubelet_dir}/pods/{uid}"
+    return [
+        {
+            "destination": "/etc/hosts",
+            "type": "bind",
+            "source": f"{pod}/etc-hosts",
+            "options": ["rbind", "rw"],
+        },
+        {
+            "destination": "/dev/termination-log",
+            "type": "bind",
+            "source": f"{pod}/containers/{container}/5d1c2a9e",
+            "options": ["rbind", "rw"],
+        },
+    ]

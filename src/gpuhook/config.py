@@ -27,7 +27,8 @@ DEFAULT_PATH = "/etc/gpuhook/config.yaml"
 ENV_CONFIG = "GPUHOOK_CONFIG"
 ENV_DEBUG = "GPUHOOK_DEBUG"
 CACHE_ROOT = "/run/gpuhook/config"
-CHECKPOINT_DEFAULT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+KUBELET_DIR_DEFAULT = "/var/lib/kubelet"
+CHECKPOINT_IN_KUBELET_DIR = "device-plugins/kubelet_internal_checkpoint"
 
 # The one statement of every default. config/config.yaml.example mirrors it (a test checks).
 DEFAULTS: dict[str, Any] = {
@@ -45,7 +46,11 @@ DEFAULTS: dict[str, Any] = {
     },
     "hook": {"path": None, "ldconfig": "/sbin/ldconfig"},  # path None: beside gpuhook-runtime
     "policy": {
-        "kubernetes": {"env_requests": "verify", "checkpoint": CHECKPOINT_DEFAULT},
+        "kubernetes": {
+            "env_requests": "verify",
+            "kubelet_dir": KUBELET_DIR_DEFAULT,
+            "checkpoint": "",
+        },
         "standalone": {"env_requests": "trust"},
     },
     "mps": {
@@ -68,19 +73,28 @@ _RUNTIME_CANDIDATES = ("runc", "crun")
 
 
 class PolicyConfig(Frozen):
-    __slots__ = ("checkpoint", "kubernetes_env_requests", "standalone_env_requests")
+    """``policy.*``. ``checkpoint`` is the kubelet checkpoint's path: the configured one, or
+    ``<kubelet_dir>/device-plugins/kubelet_internal_checkpoint`` when the key is empty."""
+
+    __slots__ = ("checkpoint", "kubelet_dir", "kubernetes_env_requests", "standalone_env_requests")
     kubernetes_env_requests: str
     checkpoint: str
     standalone_env_requests: str
+    kubelet_dir: str
 
     def __init__(
-        self, kubernetes_env_requests: str, checkpoint: str, standalone_env_requests: str
+        self,
+        kubernetes_env_requests: str,
+        checkpoint: str,
+        standalone_env_requests: str,
+        kubelet_dir: str = KUBELET_DIR_DEFAULT,
     ) -> None:
         _init(
             self,
             kubernetes_env_requests=kubernetes_env_requests,
-            checkpoint=checkpoint,
+            checkpoint=checkpoint or os.path.join(kubelet_dir, CHECKPOINT_IN_KUBELET_DIR),
             standalone_env_requests=standalone_env_requests,
+            kubelet_dir=kubelet_dir,
         )
 
 
@@ -248,6 +262,8 @@ class Config(Frozen):
                 pol["kubernetes"]["env_requests"],
                 pol["kubernetes"]["checkpoint"],
                 pol["standalone"]["env_requests"],
+                # .get: a compiled cache of an older build of the same version lacks the key
+                pol["kubernetes"].get("kubelet_dir", KUBELET_DIR_DEFAULT),
             ),
             mps=MpsConfig(data["mps"]),
         )

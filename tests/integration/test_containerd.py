@@ -335,7 +335,7 @@ def test_k8s_privileged_all(ctr: Ctr, tmp_path: Path) -> None:
 
 
 def test_k8s_cdi_annotation(ctr: Ctr, tmp_path: Path) -> None:
-    ctr.k8s_policy(tmp_path, [])
+    ctr.k8s_policy(tmp_path, [("pod-uid-1", "main", [ctr.uuid(1)])])
     seen = ctr.run(annotations={**f.k8s(), "cdi.k8s.io/nvidia-device-plugin_x": "nvidia.com/gpu=1"})
     assert seen["returncode"] == 0, ctr.why(seen)
     assert seen["dev"] == gpus(1)

@@ -323,7 +323,8 @@ def test_64_concurrent_creates_during_inventory_refreshes(
 ) -> None:
     node: FakeNode = fake_node_factory("--gpus", "8")
     node.refresh()
-    pods = [(f"pod-{i}", "main", [uuid(node, i % 8)]) for i in range(64) if i % 4 == 2]
+    # kinds 2 (env) and 3 (CDI) are allocated their GPU: both are verified under `verify`
+    pods = [(f"pod-{i}", "main", [uuid(node, i % 8)]) for i in range(64) if i % 4 in (2, 3)]
     checkpoint = write_checkpoint(tmp_path / "kubelet_internal_checkpoint", pods)
     env = node.variant(tmp_path, policy={"kubernetes": {"checkpoint": str(checkpoint)}})
     probe = "ls -1 /dev | grep '^nvidia' | sort"

@@ -139,18 +139,18 @@ def test_pod_authors_volume_at_the_marker_path_gets_nothing(
     assert seen["dev"] == []
 
 
-def test_dotdot_marker_fails_in_one_line(
-    node: FakeNode, containers: Containers, tmp_path: Path
-) -> None:
-    env = k8s_env(node, tmp_path, [])
-    marker = {
-        "destination": "/var/run/nvidia-container-devices/../../../dev",
-        "type": "bind",
-        "source": "/dev/null",
-        "options": ["bind", "ro"],
-    }
-    bundle = containers.bundle(args=("/bin/true",), annotations=f.k8s(), mounts=[marker])
-    out = containers.run(bundle, env)
+DOTDOT_MARKER = {
+    "destination": "/var/run/nvidia-container-devices/../../../dev",
+    "type": "bind",
+    "source": "/dev/null",
+    "options": ["bind", "ro"],
+}
+
+
+def test_dotdot_marker_fails_in_one_line(node: FakeNode, containers: Containers) -> None:
+    """Markers trusted without limit (a non-Kubernetes container): a malformed one fails."""
+    bundle = containers.bundle(args=("/bin/true",), mounts=[DOTDOT_MARKER])
+    out = containers.run(bundle, node.env)
     assert out.returncode == 1
     assert one_line_failure(out.stderr) == (
         "gpuhook: malformed GPU request: malformed volume-mount marker "
@@ -169,7 +169,7 @@ def test_dotdot_marker_fails_in_one_line(
 def test_cdi_name_of_another_vendor(
     node: FakeNode, containers: Containers, tmp_path: Path, value: str, want: list[str]
 ) -> None:
-    env = k8s_env(node, tmp_path, [])
+    env = k8s_env(node, tmp_path, [("pod-uid-1", "main", [uuid(node, 1)])])
     seen = containers.probe(env, annotations={**f.k8s(), "cdi.k8s.io/plugin_x": value})
     assert seen["returncode"] == 0, seen["stderr"]
     assert seen["dev"] == want

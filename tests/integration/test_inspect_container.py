@@ -43,6 +43,8 @@ def scenario_env(node: FakeNode, tmp_path: Path, kind: str) -> dict[str, str]:
         return k8s_env(node, tmp_path, [])
     if kind == "k8s-other":
         return k8s_env(node, tmp_path, [("other-pod", "main", [uuid(node, 0)])])
+    if kind == "k8s-1":
+        return k8s_env(node, tmp_path, [("pod-uid-1", "main", [uuid(node, 1)])])
     if kind == "k8s-2":
         return k8s_env(node, tmp_path, [("pod-uid-1", "main", [uuid(node, 2)])])
     if kind == "k8s-2-5":
@@ -71,21 +73,21 @@ SCENARIOS: list[tuple[str, str, dict[str, Any], list[str] | None, str | None, st
     ),
     (
         "cdi",
-        "k8s-none",
+        "k8s-1",
         {"annotations": {**f.k8s(), "cdi.k8s.io/nvidia-device-plugin_x": "nvidia.com/gpu=1"}},
         ["1"],
         "cdi-annotation",
         "granted",
-        "devices 1: CDI annotations are set by a device plugin through the CRI",
+        "devices 1: verified against the kubelet checkpoint: allocated to pod ml/trainer",
     ),
     (
         "mount-marker",
-        "k8s-none",
+        "k8s-1",
         {"annotations": f.k8s(), "mounts": "marker-1"},
         ["1"],
         "mount-marker",
         "granted",
-        "volume-mount markers are set by a device plugin through the kubelet",
+        "devices 1: verified against the kubelet checkpoint: allocated to pod ml/trainer",
     ),
     (
         "docker-gpus",

@@ -73,7 +73,7 @@ def test_env_request_full_injection(node: FakeNode, containers: Containers) -> N
 
 
 def test_cdi_annotation(node: FakeNode, containers: Containers, tmp_path: Path) -> None:
-    env = k8s_env(node, tmp_path, [])
+    env = k8s_env(node, tmp_path, [("pod-uid-1", "main", [uuid(node, 1)])])
     seen = containers.probe(
         env,
         annotations={**f.k8s(), "cdi.k8s.io/nvidia-device-plugin_x": "nvidia.com/gpu=1"},
@@ -82,7 +82,7 @@ def test_cdi_annotation(node: FakeNode, containers: Containers, tmp_path: Path) 
 
 
 def test_volume_mount_marker(node: FakeNode, containers: Containers, tmp_path: Path) -> None:
-    env = k8s_env(node, tmp_path, [])
+    env = k8s_env(node, tmp_path, [("pod-uid-1", "main", [uuid(node, 1)])])
     marker = {
         "destination": f"/var/run/nvidia-container-devices/{uuid(node, 1)}",
         "type": "bind",

@@ -122,3 +122,14 @@ def test_hot_path_load_imports_no_yaml_or_jsonschema(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_checkpoint_defaults_to_the_kubelet_dir(tmp_path: Path) -> None:
+    cfg = config_mod.load(write(tmp_path, "state_dir: /tmp/x\n"), use_cache=False)
+    assert cfg.policy.kubelet_dir == "/var/lib/kubelet"
+    assert cfg.policy.checkpoint == "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    text = "policy:\n  kubernetes:\n    kubelet_dir: /data/kubelet\n"
+    cfg = config_mod.load(write(tmp_path, text), use_cache=False)
+    assert cfg.policy.checkpoint == "/data/kubelet/device-plugins/kubelet_internal_checkpoint"
+    text += "    checkpoint: /x/cp\n"  # an explicit key still wins
+    assert config_mod.load(write(tmp_path, text), use_cache=False).policy.checkpoint == "/x/cp"

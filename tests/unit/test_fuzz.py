@@ -33,7 +33,7 @@ from gpuhook import _fastjson, markers
 from gpuhook import config as config_mod
 from gpuhook.errors import CheckpointError, ConfigError, GpuhookError, InventoryError, describe
 from gpuhook.inventory import store
-from gpuhook.pipeline import apply, devices, kubelet, request
+from gpuhook.pipeline import apply, kubelet, request
 from gpuhook.pipeline.kubelet import Allocation
 from gpuhook.runtime import decide, ocispec
 from tests import factories as f
@@ -139,7 +139,21 @@ K8S_KEYS = [
     "io.kubernetes.cri.sandbox-uid",
     "io.kubernetes.cri.container-name",
     "io.kubernetes.pod.uid",
+    "io.kubernetes.container.name",
     "io.kubernetes.cri-o.ContainerType",
+    "io.kubernetes.cri-o.Annotations",
+    "io.kubernetes.cri-o.Labels",
+]
+K8S_VALUES = [
+    "sandbox",
+    "container",
+    "pod-uid-1",
+    "main",
+    "",
+    "{}",
+    '{"io.kubernetes.cri-o.ContainerType": "container"}',
+    '{"io.kubernetes.pod.uid": "pod-uid-1"}',
+    "[1]",
 ]
 DOCKER_HOOK = {"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["x", "prestart"]}
 
@@ -152,15 +166,26 @@ def spec_dicts(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         env.append(f"NVIDIA_VISIBLE_DEVICES={draw(ids)}")
     annotations: dict[str, Any] = {}
-    if draw(st.booleans()):
-        annotations.update(f.k8s(ctype=draw(st.sampled_from(["container", "sandbox", "x"]))))
+    ctype = st.sampled_from(["container", "container", "sandbox", "x"])
+    engine = draw(st.integers(0, 3))
+    if engine == 1:
+        annotations.update(f.k8s(ctype=draw(ctype)))
+    elif engine == 2:
+        copied = draw(st.sampled_from([{}, {"io.kubernetes.cri-o.ContainerType": "container"}]))
+        annotations.update(f.crio(ctype=draw(ctype), copied=copied))
     for key in draw(st.lists(st.sampled_from([*K8S_KEYS, "gpuhook.io/x"]), max_size=2)):
-        annotations[key] = draw(st.sampled_from(["sandbox", "pod-uid-1", "main", ""]))
+        annotations[key] = draw(st.sampled_from(K8S_VALUES))
     for _ in range(draw(st.integers(0, 2))):
         annotations[f"cdi.k8s.io/{draw(st.text(max_size=4))}"] = draw(ids)
     mounts: list[Any] = []
     for _ in range(draw(st.integers(0, 2))):
         mounts.append(draw(mount))
+    if draw(st.integers(0, 3)) == 0:  # a well-formed marker, as a device plugin (or a pod
+        root = draw(st.sampled_from(request.MARKER_ROOTS))  # author with hostPath) mounts it
+        mounts.append({"destination": root + draw(ids), "type": "bind", "source": "/dev/null"})
+    for _ in range(draw(st.integers(0, 4)) // 3):  # the kubelet's per-pod mounts, now and then
+        uid = draw(st.sampled_from(["pod-uid-1", "pod-uid-2"]))
+        mounts.extend(f.kubelet_mounts(uid, draw(st.sampled_from(["main", "init"]))))
     hooks = {"prestart": [DOCKER_HOOK]} if draw(st.integers(0, 4)) == 0 else None
     spec = f.spec(
         env=env,
@@ -228,6 +253,9 @@ def test_spec_and_request_parsers_raise_only_gpuhook_errors(raw: bytes) -> None:
 def test_pipeline_raises_only_gpuhook_errors_and_never_grants_beyond_policy(
     spec: dict[str, Any], allocated: list[str], k8s_mode: str, standalone_trust: bool
 ) -> None:
+    """Every channel, every identity: the grant stays within :func:`most_granted`, an oracle
+    written from DESIGN.md's trust rules that shares no code with the policy or the resolver
+    (it fails when the identity, marker or CDI verification rules are switched off)."""
     config = f.config(
         policy__kubernetes__env_requests=k8s_mode,
         policy__standalone__env_requests="trust" if standalone_trust else "ignore",
@@ -244,22 +272,131 @@ def test_pipeline_raises_only_gpuhook_errors_and_never_grants_beyond_policy(
         event(type(exc).__name__)
         one_line(exc)
         return
-    decision, req = outcome.decision, outcome.request
+    decision = outcome.decision
     event(f"channel={decision.channel} granted={bool(decision.devices)}")
     ocispec.dumps(outcome.spec)  # what is written back is always valid JSON
     assert apply.apply(outcome.spec, outcome.edits) == outcome.spec  # idempotent
-    granted = {d.uuid for d in decision.devices}
-    if decision.channel == "env" and req.kubernetes is not None and not req.privileged:
-        if k8s_mode == "ignore" or req.kubernetes.container_type == "sandbox":
-            assert not granted and not decision.injects
-        elif k8s_mode == "verify":
-            refs, _ = devices.resolve(tuple(allocated), INVENTORY)
-            assert granted <= {r.uuid for r in refs}
-    if decision.channel == "env" and req.kubernetes is None and not req.privileged:
-        assert standalone_trust or not decision.injects
+    bound = most_granted(spec, k8s_mode, standalone_trust, allocated)
+    event(f"bound={'all' if bound == EVERY_DEVICE else len(bound)}")
+    assert {d.uuid for d in decision.devices} <= bound
+    if not bound:  # not even driver files
+        assert not decision.injects
     if not decision.injects:  # nothing mounted, no device, no hook
         assert not outcome.edits.device_nodes and not outcome.edits.mounts
         assert not outcome.edits.hooks
+
+
+# --- the oracle: what the trust rules of DESIGN.md allow at most, written from them ------------
+
+EVERY_DEVICE = frozenset(
+    [g.uuid for g in INVENTORY.gpus] + [m.uuid for g in INVENTORY.gpus for m in g.mig_devices]
+)
+CONTAINERD_IDENTITY = {
+    "type": "io.kubernetes.cri.container-type",
+    "uid": "io.kubernetes.cri.sandbox-uid",
+    "name": "io.kubernetes.cri.container-name",
+    "others": ("io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.sandbox-namespace"),
+}
+CRIO_IDENTITY = {
+    "type": "io.kubernetes.cri-o.ContainerType",
+    "uid": "io.kubernetes.pod.uid",
+    "name": "io.kubernetes.container.name",
+    "others": ("io.kubernetes.pod.name", "io.kubernetes.pod.namespace"),
+}
+KUBELET_PODS = "/var/lib/kubelet/pods/"
+MARKER_ROOTS = ("/var/run/nvidia-container-devices/", "/run/nvidia-container-devices/")
+
+
+def most_granted(
+    spec: dict[str, Any], mode: str, standalone_trust: bool, allocated: list[str]
+) -> frozenset[str]:
+    """The devices a spec may get at most, from the rules alone: CDI and markers are the device
+    plugin's, docker's hook the engine's, env the image's; who is a Kubernetes container and
+    whether it is one that may have GPUs at all; privileged means everything; under verify an
+    unprivileged pod container gets at most its allocation, whatever the channel."""
+    annotations = spec.get("annotations")
+    annotations = {
+        k: v for k, v in (annotations.items() if isinstance(annotations, dict) else ())
+        if isinstance(k, str) and isinstance(v, str)
+    }  # fmt: skip
+    process = spec.get("process") if isinstance(spec.get("process"), dict) else {}
+    caps = process.get("capabilities")
+    bounding = caps.get("bounding") if isinstance(caps, dict) else None
+    privileged = isinstance(bounding, list) and "CAP_SYS_ADMIN" in bounding
+    mounts = [m for m in spec.get("mounts") or () if isinstance(m, dict)] if isinstance(
+        spec.get("mounts"), list) else []  # fmt: skip
+    plugin = any(k.startswith("cdi.k8s.io/") for k in annotations) or any(
+        isinstance(m.get("source"), str) and os.path.normpath(m["source"]) == "/dev/null"
+        and isinstance(m.get("destination"), str)
+        and m["destination"].startswith(MARKER_ROOTS)
+        for m in mounts
+    )  # fmt: skip
+    hooks = spec.get("hooks")
+    prestart = hooks.get("prestart") if isinstance(hooks, dict) else None
+    docker = isinstance(prestart, list) and any(
+        isinstance(h, dict) and isinstance(h.get("path"), str)
+        and h["path"].rsplit("/", 1)[-1] == "nvidia-container-runtime-hook"
+        for h in prestart
+    )  # fmt: skip
+    pod = pod_container(annotations, mounts)
+    if pod is False:  # a sandbox, or an identity that cannot be trusted
+        return frozenset()
+    if pod is None:  # not Kubernetes
+        return EVERY_DEVICE if privileged or plugin or docker or standalone_trust else frozenset()
+    if privileged or mode == "trust" or (mode == "ignore" and plugin):
+        return EVERY_DEVICE
+    return allocated_devices(allocated) if mode == "verify" else frozenset()
+
+
+def pod_container(annotations: dict[str, str], mounts: list[dict[str, Any]]) -> bool | None:
+    """None: no Kubernetes identity at all; True: a pod container; False: anything else."""
+    engines = [
+        keys for keys in (CONTAINERD_IDENTITY, CRIO_IDENTITY)
+        if any(k in annotations for k in (keys["type"], keys["uid"], keys["name"], *keys["others"]))
+    ]  # fmt: skip
+    sources = [os.path.normpath(m["source"]) for m in mounts if isinstance(m.get("source"), str)]
+    kubelet = [s[len(KUBELET_PODS) :].split("/") for s in sources if s.startswith(KUBELET_PODS)]
+    kubelet = [p for p in kubelet if p[0] and (p[1:] == ["etc-hosts"] or (
+        len(p) == 4 and p[1] == "containers"))]  # fmt: skip
+    if not engines and not kubelet:
+        return None
+    if len(engines) > 1:
+        return False
+    uids = {p[0] for p in kubelet}
+    names = {p[2] for p in kubelet if len(p) == 4}
+    if len(uids) > 1 or len(names) > 1:
+        return False
+    if not engines:
+        return True
+    keys = engines[0]
+    if annotations.get(keys["type"]) != "container":
+        return False
+    if keys is CRIO_IDENTITY and not crio_keys_are_its_own(annotations):
+        return False
+    if uids and uids != {annotations.get(keys["uid"], "")}:
+        return False
+    return not names or names == {annotations.get(keys["name"], "")}
+
+
+def crio_keys_are_its_own(annotations: dict[str, str]) -> bool:
+    """CRI-O lists the pod annotations and labels it copied into the spec: none may be one of
+    its identity keys (the kubelet's own labels excepted)."""
+    try:
+        copied = json.loads(annotations["io.kubernetes.cri-o.Annotations"])
+        labels = json.loads(annotations.get("io.kubernetes.cri-o.Labels", "{}"))
+    except (KeyError, ValueError):
+        return False
+    if not isinstance(copied, dict) or not isinstance(labels, dict):
+        return False
+    identity = {CRIO_IDENTITY["type"], CRIO_IDENTITY["uid"], CRIO_IDENTITY["name"],
+                *CRIO_IDENTITY["others"]}  # fmt: skip
+    return not (identity & set(copied)) and CRIO_IDENTITY["type"] not in labels
+
+
+def allocated_devices(allocated: list[str]) -> frozenset[str]:
+    """The fuzz allocation's ids as device UUIDs (an index, a UUID in any case; unknown: none)."""
+    by_name = {u.lower(): u for u in EVERY_DEVICE} | {str(g.index): g.uuid for g in INVENTORY.gpus}
+    return frozenset(by_name[a.lower()] for a in allocated if a.lower() in by_name)
 
 
 # --- the kubelet checkpoint -----------------------------------------------------------------------

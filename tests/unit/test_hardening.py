@@ -56,15 +56,12 @@ def test_a_pod_authors_volume_at_the_marker_path_is_no_request(source: str) -> N
 
 @pytest.mark.parametrize("source", ["/dev/null", "/dev//null", "/dev/./null"])
 def test_a_dev_null_marker_is_a_request(source: str) -> None:
-    d = decide(f.spec(annotations=f.k8s(), mounts=[marker(f.gpu_uuid(1), source)]))
+    d = decide(f.spec(mounts=[marker(f.gpu_uuid(1), source)]))
     assert [r.uuid for r in d.devices] == [f.gpu_uuid(1)]
 
 
 def test_a_marker_of_another_source_does_not_hide_a_real_one() -> None:
-    spec = f.spec(
-        annotations=f.k8s(),
-        mounts=[marker("all", "/tmp/empty"), marker(f.gpu_uuid(2), "/dev/null")],
-    )
+    spec = f.spec(mounts=[marker("all", "/tmp/empty"), marker(f.gpu_uuid(2), "/dev/null")])
     assert [r.uuid for r in decide(spec).devices] == [f.gpu_uuid(2)]
 
 

@@ -112,10 +112,7 @@ STILL_LONG = {
     "engines/configure.py::plan",
     "inventory/store.py::build",
     "pipeline/apply.py::apply",
-    "pipeline/flow.py::run",
     "pipeline/inject.py::edits_for",
-    "pipeline/policy.py::decide",
-    "pipeline/request.py::parse",
     "records/writer.py::build",
     "runtime/shim.py::_create_full",
 }

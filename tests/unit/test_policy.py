@@ -131,7 +131,8 @@ def test_cdi_annotation_wins_over_env() -> None:
         f.spec(
             env=["NVIDIA_VISIBLE_DEVICES=all"],
             annotations={**f.k8s(), "cdi.k8s.io/nvidia-device-plugin_abc": "nvidia.com/gpu=4"},
-        )
+        ),
+        allocation=[f.gpu_uuid(4)],
     )
     assert ids(d) == ["4"] and d.channel == "cdi-annotation"
     assert [r.verdict for r in d.reasons] == ["granted", "superseded"]
@@ -149,7 +150,7 @@ def test_mount_markers() -> None:
         "type": "bind",
         "source": "/dev/null",
     }
-    d = decide(f.spec(mounts=[marker], annotations=f.k8s()))
+    d = decide(f.spec(mounts=[marker], annotations=f.k8s()), allocation=[f.gpu_uuid(3)])
     assert ids(d) == ["3"] and d.channel == "mount-marker"
 
 
@@ -251,3 +252,139 @@ def test_refusal_needs_no_inventory() -> None:
         Allocation("pod-uid-1", "main", (), "x"),
     )
     assert d.refused
+
+
+# --- issue 19: the trust holes real Kubernetes stacks open -------------------------------------
+
+HOOKS_D = {
+    "prestart": [
+        {"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["x", "prestart"]},
+    ]
+}
+MARKER = {
+    "destination": "/var/run/nvidia-container-devices/all",
+    "type": "bind",
+    "source": "/dev/null",
+}
+
+
+def test_cri_dockerd_container_is_known_by_the_kubelets_mounts() -> None:
+    """No annotation at all (docker does not copy Kubernetes labels into the spec): the kubelet's
+    per-pod mounts make it a Kubernetes container, so the image's `all` is verified."""
+    spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=all"], mounts=f.kubelet_mounts())
+    req = request.parse(spec)
+    assert req.kubernetes is not None and req.kubernetes.pod_uid == "pod-uid-1"
+    assert req.kubernetes.container_name == "main" and req.kubernetes.source == "kubelet mounts"
+    assert decide(spec, allocation=[]).refused
+    assert ids(decide(spec, allocation=[f.gpu_uuid(5)])) == ["5"]
+
+
+def test_kubelet_dir_is_configurable() -> None:
+    mounts = f.kubelet_mounts(kubelet_dir="/data/kubelet")
+    assert request.parse(f.spec(mounts=mounts)).kubernetes is None
+    assert request.parse(f.spec(mounts=mounts), "/data/kubelet/").kubernetes is not None
+
+
+@pytest.mark.parametrize(
+    "mounts",
+    [
+        f.kubelet_mounts(uid="pod-uid-2"),  # another pod than the annotations say
+        f.kubelet_mounts(container="sidecar"),  # another container
+        [*f.kubelet_mounts(), *f.kubelet_mounts(uid="pod-uid-2")],  # two pods
+    ],
+)
+def test_annotations_and_mounts_disagreeing_refuse_even_privileged(
+    mounts: list[dict[str, object]],
+) -> None:
+    spec = f.spec(
+        env=["NVIDIA_VISIBLE_DEVICES=all"], annotations=f.k8s(), mounts=mounts, privileged=True
+    )
+    d = decide(spec, allocation=[f.gpu_uuid(0)])
+    assert d.refused and "treated as a pod sandbox" in d.reasons[0].why
+
+
+def test_nvidia_hooks_d_hook_in_a_kubernetes_container_is_an_env_request() -> None:
+    spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=all"], annotations=f.k8s(), hooks=HOOKS_D)
+    d = decide(spec, allocation=[])
+    assert d.refused and d.channel == "env"
+    d = decide(spec, allocation=[f.gpu_uuid(2)])
+    assert ids(d) == ["2"] and "verified against the kubelet checkpoint" in d.reasons[0].why
+
+
+def test_all_cdi_annotations_are_one_request() -> None:
+    annotations = {
+        **f.k8s(),
+        "cdi.k8s.io/nvidia-device-plugin_a": "nvidia.com/gpu=1",
+        "cdi.k8s.io/nvidia-device-plugin_b": "nvidia.com/gpu=3",
+    }
+    d = decide(f.spec(annotations=annotations), allocation=[f.gpu_uuid(1), f.gpu_uuid(3)])
+    assert ids(d) == ["1", "3"]
+
+
+def test_a_malformed_superseded_channel_is_a_reason_line() -> None:
+    spec = f.spec(
+        env=["NVIDIA_VISIBLE_DEVICES=none,0"],
+        annotations={**f.k8s(), "cdi.k8s.io/x": "nvidia.com/gpu=0"},
+    )
+    d = decide(spec, allocation=[f.gpu_uuid(0)])
+    assert ids(d) == ["0"]
+    assert d.reasons[1].verdict == "superseded" and "malformed" in d.reasons[1].why
+    d = decide(f.spec(env=["NVIDIA_VISIBLE_DEVICES=none,0"], annotations={"cdi.k8s.io/x": "0"}))
+    assert ids(d) == ["0"]  # not Kubernetes: CDI trusted as such
+
+
+@pytest.mark.parametrize(
+    ("annotations", "why"),
+    [
+        # a CRI-O sandbox whose pod author added containerd's keys
+        ({**f.crio(ctype="sandbox"), "io.kubernetes.cri.sandbox-uid": "pod-uid-1"}, "mixes"),
+        # CRI-O copied the pod's annotation over its own container type
+        (f.crio(copied={"io.kubernetes.cri-o.ContainerType": "container"}), "copied"),
+        ({**f.crio(), "io.kubernetes.cri-o.Annotations": "not json"}, "not a JSON object"),
+        ({k: v for k, v in f.crio().items() if k != "io.kubernetes.cri-o.Annotations"}, "missing"),
+        ({k: v for k, v in f.k8s().items() if "container-type" not in k}, "is missing"),
+        (f.k8s(ctype="podsandbox"), "'podsandbox' is unknown"),
+    ],
+)
+def test_forged_or_unknown_identity_is_a_sandbox(annotations: dict[str, str], why: str) -> None:
+    spec = f.spec(annotations={**annotations, "cdi.k8s.io/x": "nvidia.com/gpu=0"})
+    d = decide(spec, allocation=[f.gpu_uuid(0)])
+    assert d.refused and not d.devices
+    assert "treated as a pod sandbox" in d.reasons[0].why and why in d.reasons[0].why
+
+
+def test_crio_container_identity() -> None:
+    spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=all"], annotations=f.crio())
+    assert ids(decide(spec, allocation=[f.gpu_uuid(6)])) == ["6"]
+    assert decide(f.spec(annotations={**f.crio(ctype="sandbox"), **MARKER_CDI})).refused
+
+
+MARKER_CDI = {"cdi.k8s.io/x": "nvidia.com/gpu=0"}
+
+
+def test_markers_are_verified_against_the_allocation() -> None:
+    spec = f.spec(annotations=f.k8s(), mounts=[MARKER])
+    assert decide(spec, allocation=[]).refused
+    assert decide(spec, error="kubelet checkpoint /x not found").refused
+    assert ids(decide(spec, allocation=[f.gpu_uuid(2)])) == ["2"]
+    assert len(decide(spec, policy__kubernetes__env_requests="trust").devices) == 8
+    assert len(decide(f.spec(annotations=f.k8s(), mounts=[MARKER], privileged=True)).devices) == 8
+
+
+def test_cdi_is_verified_where_the_checkpoint_is_readable() -> None:
+    spec = f.spec(annotations={**f.k8s(), "cdi.k8s.io/x": "nvidia.com/gpu=1,nvidia.com/gpu=3"})
+    assert ids(decide(spec, allocation=[f.gpu_uuid(1)])) == ["1"]
+    assert decide(spec, allocation=[]).refused
+    d = decide(spec, error="kubelet checkpoint /x not found")
+    assert ids(d) == ["1", "3"]
+    assert any(r.channel == "kubelet-checkpoint" and "not verified" in r.why for r in d.reasons)
+
+
+def test_malformed_marker_of_a_verified_pod_is_refused_not_failed() -> None:
+    marker = {
+        "destination": "/var/run/nvidia-container-devices/../../etc",
+        "type": "bind",
+        "source": "/dev/null",
+    }
+    d = decide(f.spec(mounts=[marker], annotations=f.k8s()), allocation=[f.gpu_uuid(1)])
+    assert d.refused and "malformed volume-mount marker" in d.reasons[0].why

@@ -75,7 +75,7 @@ HOOK = {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook", "args": 
                 env=["NVIDIA_VISIBLE_DEVICES=3"],
                 annotations={**f.k8s(), "cdi.k8s.io/x": "nvidia.com/gpu=1"},
             ),
-            (),
+            (f.gpu_uuid(1),),
             ["1"],
             False,
             "granted",

@@ -469,6 +469,23 @@ def inspect_container(
     emit(entry.record, output, tables.container_table)
 
 
+@inspect_group.command("pod")
+@click.argument("pod", metavar="NAMESPACE/NAME|UID")
+@output_option
+@pass_ctx
+def inspect_pod(obj: Context, pod: str, output: str | None) -> None:
+    """Every recorded container of one pod: what each asked for, what it got, and why.
+
+    POD is NAMESPACE/NAME or the pod's UID (a container known only by the kubelet's mounts, as
+    under cri-dockerd, has no pod name). From the decision records gpuhook-runtime wrote.
+    """
+    from gpuhook.cli import tables
+    from gpuhook.records import lookup
+
+    records = lookup.find_pod(obj.config(), pod)
+    emit({"pod": pod, "containers": records}, output, tables.pod_table)
+
+
 @main.command("gc")
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
 @click.option(

@@ -486,6 +486,40 @@ def records_table(
     return out
 
 
+# --- inspect pod ----------------------------------------------------------------------------------
+
+
+def _asked(record: dict[str, Any]) -> str:
+    channels = (record.get("request") or {}).get("channels") or []
+    return "; ".join(f"{c['channel']} {c['value'] or chr(34) * 2}" for c in channels) or "-"
+
+
+def pod_table(view: dict[str, Any], color: bool = False, now: float | None = None) -> str:
+    """``inspect pod``: one line per recorded container of the pod, oldest first."""
+    now = time.time() if now is None else now
+    rows = []
+    pods: dict[str, str] = {}
+    for r in view["containers"]:
+        kube = r["kubernetes"]
+        name = f"{kube['namespace']}/{kube['pod_name']}".strip("/")
+        pods[kube["pod_uid"] or "-"] = pods.get(kube["pod_uid"] or "-") or name
+        dec = r["decision"]
+        rows.append(
+            [
+                kube["container_name"] or kube["container_type"],
+                kube["container_type"],
+                r["container_id"][:12],
+                age(now - float(r["timestamp"])),
+                _clip(_asked(r), 48),
+                _short_decision(dec, color),
+                _clip(dec["reasons"][0]["why"] if dec["reasons"] else "", 72),
+            ]
+        )
+    head = "".join(f"Pod {name or '-'} (uid {uid})\n" for uid, name in pods.items())
+    body = table(["CONTAINER", "TYPE", "ID", "CREATED", "ASKED", "GOT", "WHY"], rows)
+    return head + "\n" + body
+
+
 # --- gc -------------------------------------------------------------------------------------------
 
 

@@ -20,17 +20,36 @@ CHANNEL_ENV = "env"
 
 
 class KubeIdentity(Frozen):
-    """Who a Kubernetes container is, from the CRI annotations containerd or CRI-O set."""
+    """Who a Kubernetes container is: from the identity annotations containerd or CRI-O wrote,
+    or from the kubelet's per-pod mounts (:mod:`gpuhook.pipeline.identity`). ``problem`` says why
+    the identity cannot be trusted ("" when it can); such a container is treated as a sandbox."""
 
-    __slots__ = ("container_name", "container_type", "namespace", "pod_name", "pod_uid")
+    __slots__ = (
+        "container_name",
+        "container_type",
+        "namespace",
+        "pod_name",
+        "pod_uid",
+        "problem",
+        "source",
+    )
     pod_uid: str
     namespace: str
     pod_name: str
     container_name: str
-    container_type: str  # "container" | "sandbox"
+    container_type: str  # "container" | "sandbox" | "unknown"
+    source: str  # where the identity comes from: "containerd", "cri-o", "kubelet mounts"
+    problem: str
 
     def __init__(
-        self, pod_uid: str, namespace: str, pod_name: str, container_name: str, container_type: str
+        self,
+        pod_uid: str,
+        namespace: str,
+        pod_name: str,
+        container_name: str,
+        container_type: str,
+        source: str = "",
+        problem: str = "",
     ) -> None:
         _init(
             self,
@@ -39,6 +58,8 @@ class KubeIdentity(Frozen):
             pod_name=pod_name,
             container_name=container_name,
             container_type=container_type,
+            source=source,
+            problem=problem,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -55,17 +76,21 @@ class ChannelRequest(Frozen):
     """One ask for devices through one channel.
 
     ``ids`` are the raw device ids as written (``"all"`` and ``"none"`` included); ``source``
-    says exactly where (the annotation key, the mount destination, the env variable).
+    says exactly where (the annotation key, the mount destination, the env variable);
+    ``problem`` is why the request is malformed ("" when it is not).
     """
 
-    __slots__ = ("channel", "ids", "source", "value")
+    __slots__ = ("channel", "ids", "problem", "source", "value")
     channel: str
     source: str
     value: str
     ids: tuple[str, ...]
+    problem: str
 
-    def __init__(self, channel: str, source: str, value: str, ids: tuple[str, ...]) -> None:
-        _init(self, channel=channel, source=source, value=value, ids=tuple(ids))
+    def __init__(
+        self, channel: str, source: str, value: str, ids: tuple[str, ...], problem: str = ""
+    ) -> None:
+        _init(self, channel=channel, source=source, value=value, ids=tuple(ids), problem=problem)
 
     def to_dict(self) -> dict[str, Any]:
         return {

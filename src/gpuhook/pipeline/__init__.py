@@ -1,6 +1,7 @@
 """The decision pipeline (pure): spec -> request -> policy -> devices -> edits -> apply.
 
-Owns: request parsing (:mod:`.request`), trust (:mod:`.policy`), device ids (:mod:`.devices`),
+Owns: who a container is (:mod:`.identity`), request parsing (:mod:`.request`), trust
+(:mod:`.policy`: one trust function per channel), device ids (:mod:`.devices`),
 what to inject (:mod:`.inject`), the edits interpreter (:mod:`.apply`), the MPS plan
 (:mod:`.sharing`), the kubelet checkpoint reader (:mod:`.kubelet`) and the one function that runs
 them in order (:mod:`.flow`). No file, NVML or process I/O apart from the checkpoint reader: the

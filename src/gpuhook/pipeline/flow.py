@@ -96,41 +96,22 @@ def run(
     pinned memory limits of the live containers (``mps_usage_source``, read only under
     ``mps.oversubscription: reject``). ``rootfs``: the container's absolute rootfs when known.
     """
-    req = request.parse(spec)
-    load_inventory = inventory_source
-    cache: list[Inventory] = []
-
-    def inventory() -> Inventory:
-        if not cache:
-            cache.append(load_inventory(config))
-        return cache[0]
-
-    allocation: Allocation | None = None
-    allocation_error = ""
-    if policy.needs_allocation(req, config.policy):
-        kube = req.kubernetes
-        if kube is None:  # needs_allocation() is only true for Kubernetes containers
-            raise RequestError("internal: allocation needed without a Kubernetes identity")
-        reader = checkpoint_source
-        try:
-            allocation = reader(config.policy.checkpoint, kube.pod_uid, kube.container_name)
-        except CheckpointError as exc:
-            allocation_error = str(exc)
-
+    req = request.parse(spec, config.policy.kubelet_dir)
+    inventory = _Memo(inventory_source, config)
+    allocation, allocation_error = _allocation(req, config, checkpoint_source)
     decision = policy.decide(
         req, config.policy, config.default_capabilities, inventory, allocation, allocation_error
     )
     mps_plan: MpsPlan | None = None
     if config.mps.enabled and decision.devices:
         mps_plan = _mps(decision, inventory(), config, req, mps_probe, mps_usage_source)
-    docker_hook = any(c.channel == "docker-gpus" for c in req.channels)
     try:
         container_edits = inject.edits_for(
             decision,
             inventory() if decision.injects else None,
             config,
-            docker_hook,
-            mps_plan,
+            request.has_prestart_hook(spec),  # removed whatever the decision (hooks.d puts it
+            mps_plan,  # into every container; run, it would act on the image's env)
             rootfs,
         )
     except inject.MissingDevice as exc:
@@ -144,9 +125,37 @@ def run(
         new_spec != spec,
         allocation,
         allocation_error,
-        cache[0] if cache else None,
+        inventory.loaded,
         mps_plan,
     )
+
+
+class _Memo:
+    """The inventory source, called at most once (and only when the decision needs it)."""
+
+    def __init__(self, source: InventorySource, config: Config) -> None:
+        self._source = source
+        self._config = config
+        self.loaded: Inventory | None = None
+
+    def __call__(self) -> Inventory:
+        if self.loaded is None:
+            self.loaded = self._source(self._config)
+        return self.loaded
+
+
+def _allocation(
+    req: Request, config: Config, checkpoint_source: CheckpointSource
+) -> tuple[Allocation | None, str]:
+    """The checkpoint's allocation to the container when the policy needs it, or why it could
+    not be read."""
+    kube = req.kubernetes
+    if kube is None or not policy.needs_allocation(req, config.policy):
+        return None, ""
+    try:
+        return checkpoint_source(config.policy.checkpoint, kube.pod_uid, kube.container_name), ""
+    except CheckpointError as exc:
+        return None, str(exc)
 
 
 def _mps(

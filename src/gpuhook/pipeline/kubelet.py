@@ -1,6 +1,7 @@
 """The kubelet's device-manager checkpoint (I/O, at the edge).
 
-``/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint`` records, per pod UID and
+``<kubelet_dir>/device-plugins/kubelet_internal_checkpoint`` (``policy.kubernetes.kubelet_dir``,
+default ``/var/lib/kubelet``, or ``policy.kubernetes.checkpoint``) records, per pod UID and
 container name, the device ids each device plugin allocated. Two layouts exist: DeviceIDs as a
 list (before Kubernetes 1.20) and as a map from NUMA node to list (since). The file is written by
 the kubelet (root) only; its checksum is the kubelet's own spew-based hash, which gpuhook does

@@ -1,14 +1,26 @@
 """Request x config x allocation -> :class:`Decision` (pure). Who may ask for a GPU.
 
-Channels in priority order (DESIGN.md, trust model): CDI annotations and volume-mount markers
-(set by a device plugin through the CRI; pod users cannot set them), docker's ``--gpus`` (the
-engine adds a prestart hook only it can add), then ``NVIDIA_VISIBLE_DEVICES`` in the process env.
-The first channel that carries a request is the one decided; the others are recorded as
-superseded. The env channel is trusted when the container is privileged, when it is not a
-Kubernetes container and ``policy.standalone.env_requests`` is ``trust``, or when it is a
-Kubernetes container and ``policy.kubernetes.env_requests`` is ``trust``, or ``verify`` and the
-kubelet's checkpoint shows the devices allocated to that pod and container. A pod sandbox never
-gets GPUs. Every decision carries its reasons.
+Channels in priority order (DESIGN.md, trust model): CDI annotations, volume-mount markers,
+docker's ``--gpus`` (its prestart hook), then ``NVIDIA_VISIBLE_DEVICES`` in the process env. The
+first channel that carries a request is the one decided; the others are recorded as superseded
+(a malformed one too: only the deciding channel can fail a create).
+
+Each channel has one trust function that says what it may grant and why (a :class:`Trust`):
+
+- CDI annotations: set by a device plugin through the CRI. Under ``verify``, an unprivileged
+  Kubernetes container gets at most its checkpoint allocation where the checkpoint is readable.
+- volume-mount markers: set by a device plugin through the kubelet, but a pod author with
+  hostPath access can make one: under ``verify`` an unprivileged Kubernetes container gets at
+  most its allocation (an unreadable checkpoint refuses).
+- docker's prestart hook: trusted for non-Kubernetes containers (only the engine adds it); in a
+  Kubernetes container it is NVIDIA's hooks.d file, an env request (the parser labels it env).
+- env: privileged containers; non-Kubernetes containers under ``policy.standalone.env_requests:
+  trust``; Kubernetes containers under ``policy.kubernetes.env_requests: trust``, or ``verify``
+  and the kubelet's checkpoint allocates the devices to that pod UID and container name.
+
+A pod sandbox, and a Kubernetes container whose identity is missing, unknown or contradictory
+(:mod:`gpuhook.pipeline.identity`), never gets GPUs. Then :func:`decide` resolves the chosen
+channel's ids within what its trust allows. Every decision carries its reasons.
 """
 
 from __future__ import annotations
@@ -24,20 +36,52 @@ from gpuhook.model.decision import (
     VERDICT_REFUSED,
     VERDICT_SUPERSEDED,
     Decision,
-    DeviceRef,
     Reason,
 )
+from gpuhook.model.frozen import Frozen, _init
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gpuhook.config import PolicyConfig
-    from gpuhook.model.decision import ChannelRequest, Request
+    from gpuhook.model.decision import ChannelRequest, DeviceRef, KubeIdentity, Request
     from gpuhook.model.inventory import Inventory
     from gpuhook.pipeline.kubelet import Allocation
 
 PRIORITY = (CHANNEL_CDI, CHANNEL_MOUNT, CHANNEL_DOCKER, CHANNEL_ENV)
+CHECKPOINT_CHANNEL = "kubelet-checkpoint"
+
+
+class Trust(Frozen):
+    """What one channel may grant, and why: the answer of its trust function.
+
+    ``allowed``: the device ids the grant must stay within (the checkpoint's allocation), None
+    for no limit; an unlimited trust fails the create on an unknown or malformed id, a limited
+    one grants what is allocated and says what it left out. ``note``: a reason line to add.
+    """
+
+    __slots__ = ("allowed", "note", "trusted", "why")
+    trusted: bool
+    why: str
+    allowed: tuple[str, ...] | None
+    note: str
+
+    def __init__(
+        self, trusted: bool, why: str, allowed: tuple[str, ...] | None = None, note: str = ""
+    ) -> None:
+        _init(self, trusted=trusted, why=why, allowed=allowed, note=note)
+
+
+class Checkpoint(Frozen):
+    """What the kubelet checkpoint says of the container: its allocation, or why it is unknown."""
+
+    __slots__ = ("allocation", "error")
+    allocation: Allocation | None
+    error: str
+
+    def __init__(self, allocation: Allocation | None, error: str = "") -> None:
+        _init(self, allocation=allocation, error=error)
 
 
 def needs_allocation(request: Request, policy: PolicyConfig) -> bool:
@@ -45,12 +89,18 @@ def needs_allocation(request: Request, policy: PolicyConfig) -> bool:
     chosen = _chosen(request)
     return (
         chosen is not None
-        and chosen.channel == CHANNEL_ENV
-        and request.kubernetes is not None
-        and request.kubernetes.container_type != "sandbox"
+        and bool(chosen.ids)
+        and _verifies(request, policy)
+        and _identity_refusal(request.kubernetes) is None
+    )
+
+
+def _verifies(request: Request, policy: PolicyConfig) -> bool:
+    """An unprivileged Kubernetes container under ``policy.kubernetes.env_requests: verify``."""
+    return (
+        request.kubernetes is not None
         and not request.privileged
         and policy.kubernetes_env_requests == "verify"
-        and bool(chosen.ids)
     )
 
 
@@ -60,6 +110,95 @@ def _chosen(request: Request) -> ChannelRequest | None:
             if req.channel == channel:
                 return req
     return None
+
+
+# --- one trust function per channel ------------------------------------------------------------
+
+
+def trust_cdi(request: Request, policy: PolicyConfig, checkpoint: Checkpoint) -> Trust:
+    why = "CDI annotations are set by a device plugin through the CRI"
+    if not _verifies(request, policy):
+        return Trust(True, why)
+    if checkpoint.error:
+        return Trust(True, why, note=f"not verified: {checkpoint.error}")
+    return _verified(request.kubernetes, checkpoint, "CDI annotations")
+
+
+def trust_markers(request: Request, policy: PolicyConfig, checkpoint: Checkpoint) -> Trust:
+    if not _verifies(request, policy):
+        return Trust(True, "volume-mount markers are set by a device plugin through the kubelet")
+    return _verified(request.kubernetes, checkpoint, "volume-mount markers")
+
+
+def trust_docker(request: Request, policy: PolicyConfig, checkpoint: Checkpoint) -> Trust:
+    if request.kubernetes is not None:  # NVIDIA's hooks.d hook, not docker: an env request
+        return trust_env(request, policy, checkpoint)
+    return Trust(True, "docker --gpus: the engine added its prestart hook")
+
+
+def trust_env(request: Request, policy: PolicyConfig, checkpoint: Checkpoint) -> Trust:
+    kube = request.kubernetes
+    if request.privileged:
+        return Trust(True, "privileged container (CAP_SYS_ADMIN in the bounding set)")
+    if kube is None:
+        if policy.standalone_env_requests != "trust":
+            return Trust(
+                False,
+                "env requests of non-Kubernetes containers are ignored "
+                "(policy.standalone.env_requests: ignore)",
+            )
+        return Trust(True, "non-Kubernetes container and policy.standalone.env_requests is trust")
+    mode = policy.kubernetes_env_requests
+    if mode == "ignore":
+        return Trust(
+            False,
+            "env requests of Kubernetes containers are ignored "
+            "(policy.kubernetes.env_requests: ignore)",
+        )
+    if mode == "trust":
+        return Trust(True, "Kubernetes container and policy.kubernetes.env_requests is trust")
+    return _verified(kube, checkpoint, "")
+
+
+TRUST: dict[str, Callable[[Request, PolicyConfig, Checkpoint], Trust]] = {
+    CHANNEL_CDI: trust_cdi,
+    CHANNEL_MOUNT: trust_markers,
+    CHANNEL_DOCKER: trust_docker,
+    CHANNEL_ENV: trust_env,
+}
+
+
+def _verified(kube: KubeIdentity | None, checkpoint: Checkpoint, what: str) -> Trust:
+    """Trust limited to the checkpoint's allocation to this container (refused without one)."""
+    who = _who(kube)
+    prefix = f"{what} of an unprivileged Kubernetes container: " if what else ""
+    if checkpoint.error:
+        return Trust(
+            False, f"{prefix}cannot verify against the kubelet checkpoint: {checkpoint.error}"
+        )
+    ids = checkpoint.allocation.device_ids if checkpoint.allocation is not None else ()
+    if not ids:
+        return Trust(
+            False,
+            f"{prefix}no nvidia.com/* devices are allocated to {who} in the kubelet checkpoint",
+        )
+    return Trust(True, f"verified against the kubelet checkpoint: allocated to {who}", ids)
+
+
+def _who(kube: KubeIdentity | None) -> str:
+    if kube is None:
+        return "this container"
+    pod = f"pod {kube.namespace}/{kube.pod_name} " if kube.pod_name else "pod "
+    return f"{pod}(uid {kube.pod_uid}) container {kube.container_name!r}"
+
+
+def _identity_refusal(kube: KubeIdentity | None) -> Trust | None:
+    """A sandbox, or a Kubernetes identity that cannot be trusted: no GPU, whatever the channel."""
+    if kube is None or (kube.container_type == "container" and not kube.problem):
+        return None
+    if kube.container_type == "sandbox":
+        return Trust(False, "a pod sandbox never gets GPUs")
+    return Trust(False, f"treated as a pod sandbox (no GPU): {kube.problem}")
 
 
 def parse_capabilities(raw: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -88,173 +227,130 @@ def decide(
     allocation: Allocation | None = None,
     allocation_error: str = "",
 ) -> Decision:
-    """Decide. ``inventory`` is called only when devices must be resolved (a refusal needs no
-    inventory, which keeps the default-"all" leak case cheap). Raises :class:`RequestError`
-    when a trusted request cannot be satisfied."""
+    """Pick the channel by priority, ask its trust function, resolve. ``inventory`` is called
+    only when devices must be resolved (a refusal needs no inventory, which keeps the
+    default-"all" leak case cheap). Raises :class:`RequestError` when a request trusted without
+    limit cannot be satisfied."""
     chosen = _chosen(request)
     if chosen is None:
         return Decision(
             gpu_container=False,
             reasons=(Reason("-", "", VERDICT_IGNORED, "no GPU request in the spec"),),
         )
-    reasons = [
-        Reason(
-            req.channel,
-            req.value,
-            VERDICT_SUPERSEDED,
-            f"{chosen.channel} ({chosen.source}) takes precedence",
-        )
-        for req in request.channels
-        if req is not chosen
-    ]
-    kube = request.kubernetes
-
-    def refuse(why: str) -> Decision:
-        reasons.insert(0, Reason(chosen.channel, chosen.value, VERDICT_REFUSED, why))
-        return Decision(
-            gpu_container=True, channel=chosen.channel, reasons=tuple(reasons), refused=True
-        )
-
-    if kube is not None and kube.container_type == "sandbox":
-        return refuse("a pod sandbox never gets GPUs")
-
-    trusted_why = ""
-    allowed: tuple[DeviceRef, ...] | None = None  # None: no allocation limit
-    if chosen.channel == CHANNEL_CDI:
-        trusted_why = "CDI annotations are set by a device plugin through the CRI"
-    elif chosen.channel == CHANNEL_MOUNT:
-        trusted_why = "volume-mount markers are set by a device plugin through the kubelet"
-    elif chosen.channel == CHANNEL_DOCKER:
-        trusted_why = "docker --gpus: the engine added its prestart hook"
-    elif request.privileged:
-        trusted_why = "privileged container (CAP_SYS_ADMIN in the bounding set)"
-    elif kube is None:
-        if policy.standalone_env_requests != "trust":
-            return refuse(
-                "env requests of non-Kubernetes containers are ignored "
-                "(policy.standalone.env_requests: ignore)"
-            )
-        trusted_why = "non-Kubernetes container and policy.standalone.env_requests is trust"
-    else:
-        mode = policy.kubernetes_env_requests
-        who = (
-            f"pod {kube.namespace}/{kube.pod_name} (uid {kube.pod_uid}) container "
-            f"{kube.container_name!r}"
-        )
-        if mode == "ignore":
-            return refuse(
-                "env requests of Kubernetes containers are ignored "
-                "(policy.kubernetes.env_requests: ignore)"
-            )
-        if mode == "trust":
-            trusted_why = "Kubernetes container and policy.kubernetes.env_requests is trust"
-        else:
-            if allocation_error:
-                return refuse(f"cannot verify against the kubelet checkpoint: {allocation_error}")
-            ids = allocation.device_ids if allocation is not None else ()
-            if not ids:
-                return refuse(
-                    f"no nvidia.com/* devices are allocated to {who} in the kubelet checkpoint"
-                )
-            from gpuhook.pipeline import devices
-
-            refs, errors = devices.resolve(ids, inventory())
-            if errors:
-                reasons.append(
-                    Reason(
-                        "kubelet-checkpoint",
-                        ",".join(ids),
-                        VERDICT_IGNORED,
-                        "allocated ids unknown on this node: " + "; ".join(errors),
-                    )
-                )
-            if not refs:
-                return refuse(f"the devices allocated to {who} are not on this node")
-            allowed = refs
-            trusted_why = f"verified against the kubelet checkpoint: allocated to {who}"
-
-    if request.problems:
-        if allowed is None:
-            raise RequestError(f"malformed GPU request: {request.problems[0]}")
-        return refuse(f"malformed GPU request: {request.problems[0]}")
-
+    others = tuple(_superseded(req, chosen) for req in request.channels if req is not chosen)
+    checkpoint = Checkpoint(allocation, allocation_error)
+    trust = _identity_refusal(request.kubernetes) or TRUST[chosen.channel](
+        request, policy, checkpoint
+    )
+    if not trust.trusted:
+        return _refused(chosen, trust.why, others)
+    if chosen.problem:
+        if trust.allowed is None:
+            raise RequestError(f"malformed GPU request: {chosen.problem}")
+        return _refused(chosen, f"malformed GPU request: {chosen.problem}", others)
     capabilities = parse_capabilities(request.driver_capabilities, default_capabilities)
-    ids = chosen.ids
-    if not ids:
-        reasons.insert(
-            0, Reason(chosen.channel, chosen.value, VERDICT_IGNORED, "the request names no device")
+    if not chosen.ids:
+        reason = Reason(
+            chosen.channel, chosen.value, VERDICT_IGNORED, "the request names no device"
         )
+        return Decision(True, channel=chosen.channel, reasons=(reason, *others), refused=True)
+    if chosen.ids == ("none",):
+        why = f"driver files only, no devices: {trust.why}"
+        reason = Reason(chosen.channel, chosen.value, VERDICT_GRANTED, why)
         return Decision(
-            gpu_container=True, channel=chosen.channel, reasons=tuple(reasons), refused=True
-        )
-    if ids == ("none",):
-        reasons.insert(
-            0,
-            Reason(
-                chosen.channel,
-                chosen.value,
-                VERDICT_GRANTED,
-                f"driver files only, no devices: {trusted_why}",
-            ),
-        )
-        return Decision(
-            gpu_container=True,
+            True,
             driver_only=True,
             capabilities=capabilities,
             channel=chosen.channel,
-            reasons=tuple(reasons),
+            reasons=(reason, *others),
         )
+    return _grant(chosen, trust, inventory(), capabilities, others)
 
-    from gpuhook.pipeline import (
-        devices,  # only a grant resolves devices (a refusal stays cheap)
-    )
 
-    inv = inventory()
+def _superseded(req: ChannelRequest, chosen: ChannelRequest) -> Reason:
+    why = f"{chosen.channel} ({chosen.source}) takes precedence"
+    if req.problem:
+        why += f"; this request is malformed and was not used: {req.problem}"
+    return Reason(req.channel, req.value, VERDICT_SUPERSEDED, why)
+
+
+def _refused(chosen: ChannelRequest, why: str, others: tuple[Reason, ...]) -> Decision:
+    reason = Reason(chosen.channel, chosen.value, VERDICT_REFUSED, why)
+    return Decision(True, channel=chosen.channel, reasons=(reason, *others), refused=True)
+
+
+def _grant(
+    chosen: ChannelRequest,
+    trust: Trust,
+    inv: Inventory,
+    capabilities: tuple[str, ...],
+    others: tuple[Reason, ...],
+) -> Decision:
+    """Resolve the chosen request's ids within what its trust allows."""
+    from gpuhook.pipeline import devices  # only a grant resolves devices (a refusal stays cheap)
+
+    note: tuple[Reason, ...] = ()
+    if trust.note:
+        note = (Reason(CHECKPOINT_CHANNEL, "", VERDICT_IGNORED, trust.note),)
+    ids = chosen.ids
     if chosen.channel == CHANNEL_CDI:
-        foreign = [i for i in ids if devices.strip_cdi(i) is None]
-        for name in foreign:
-            reasons.append(
-                Reason(
-                    chosen.channel,
-                    name,
-                    VERDICT_IGNORED,
-                    "not an NVIDIA device (left to its own CDI handler)",
-                )
+        note += tuple(
+            Reason(
+                chosen.channel,
+                i,
+                VERDICT_IGNORED,
+                "not an NVIDIA device (left to its own CDI handler)",
             )
+            for i in ids
+            if devices.strip_cdi(i) is None
+        )
         ids = tuple(i for i in ids if devices.strip_cdi(i) is not None)
         if not ids:
-            return Decision(gpu_container=False, reasons=tuple(reasons))
+            return Decision(gpu_container=False, reasons=(*others, *note))
     refs, errors = devices.resolve(ids, inv)
-    if allowed is None:
+    left_out: tuple[Reason, ...] = ()
+    if trust.allowed is None:
         if errors:
             raise RequestError(f"{chosen.source}: {errors[0]}")
         granted = refs
     else:
-        allowed_uuids = {r.uuid for r in allowed}
-        if ids == ("all",):
-            granted = allowed
-        else:
-            granted = tuple(r for r in refs if r.uuid in allowed_uuids)
-            extra = [r.display_id for r in refs if r.uuid not in allowed_uuids]
-            if extra or errors:
-                reasons.append(
-                    Reason(
-                        chosen.channel,
-                        chosen.value,
-                        VERDICT_REFUSED,
-                        "not allocated to this container: " + ", ".join([*extra, *errors]),
-                    )
-                )
-        if not granted:
-            return refuse("none of the requested devices is allocated to this container")
+        granted, left_out = _within(chosen, ids, refs, errors, trust.allowed, inv)
+    if not granted:
+        why = "none of the requested devices is allocated to this container"
+        return _refused(chosen, why, (*others, *note, *left_out))
     shown = ",".join(r.display_id for r in granted)
-    reasons.insert(
-        0, Reason(chosen.channel, chosen.value, VERDICT_GRANTED, f"devices {shown}: {trusted_why}")
-    )
+    reason = Reason(chosen.channel, chosen.value, VERDICT_GRANTED, f"devices {shown}: {trust.why}")
     return Decision(
-        gpu_container=True,
+        True,
         devices=granted,
         capabilities=capabilities,
         channel=chosen.channel,
-        reasons=tuple(reasons),
+        reasons=(reason, *others, *note, *left_out),
     )
+
+
+def _within(
+    chosen: ChannelRequest,
+    ids: tuple[str, ...],
+    refs: tuple[DeviceRef, ...],
+    errors: list[str],
+    allowed_ids: tuple[str, ...],
+    inv: Inventory,
+) -> tuple[tuple[DeviceRef, ...], tuple[Reason, ...]]:
+    """The requested devices that the allocation holds (``all``: the whole allocation), and a
+    reason line each for allocated ids this node lacks and for requested devices left out."""
+    from gpuhook.pipeline import devices
+
+    allowed, unknown = devices.resolve(allowed_ids, inv)
+    lines = []
+    if unknown:
+        why = "allocated ids unknown on this node: " + "; ".join(unknown)
+        lines.append(Reason(CHECKPOINT_CHANNEL, ",".join(allowed_ids), VERDICT_IGNORED, why))
+    if any((devices.strip_cdi(i) or "").lower() == "all" for i in ids):
+        return allowed, tuple(lines)
+    allowed_uuids = {r.uuid for r in allowed}
+    extra = [r.display_id for r in refs if r.uuid not in allowed_uuids]
+    if extra or errors:
+        why = "not allocated to this container: " + ", ".join([*extra, *errors])
+        lines.append(Reason(chosen.channel, chosen.value, VERDICT_REFUSED, why))
+    return tuple(r for r in refs if r.uuid in allowed_uuids), tuple(lines)

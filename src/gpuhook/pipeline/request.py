@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from gpuhook.config import KUBELET_DIR_DEFAULT
 from gpuhook.errors import SpecError
 from gpuhook.model.decision import (
     CHANNEL_CDI,
@@ -18,9 +19,9 @@ from gpuhook.model.decision import (
     CHANNEL_ENV,
     CHANNEL_MOUNT,
     ChannelRequest,
-    KubeIdentity,
     Request,
 )
+from gpuhook.pipeline import identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,43 +41,57 @@ CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 MAX_DEVICE_IDS = 256
 
 
-# Kubernetes identity annotations: containerd's CRI plugin, then CRI-O.
-_K8S_KEYS = (
-    {
-        "type": "io.kubernetes.cri.container-type",
-        "uid": "io.kubernetes.cri.sandbox-uid",
-        "namespace": "io.kubernetes.cri.sandbox-namespace",
-        "pod": "io.kubernetes.cri.sandbox-name",
-        "container": "io.kubernetes.cri.container-name",
-    },
-    {
-        "type": "io.kubernetes.cri-o.ContainerType",
-        "uid": "io.kubernetes.pod.uid",
-        "namespace": "io.kubernetes.pod.namespace",
-        "pod": "io.kubernetes.pod.name",
-        "container": "io.kubernetes.container.name",
-    },
-)
-
-
-def parse(spec: Any) -> Request:
+def parse(spec: Any, kubelet_dir: str = KUBELET_DIR_DEFAULT) -> Request:
+    """What ``spec`` asks for. ``kubelet_dir``: where the kubelet's per-pod mounts come from
+    (they identify the Kubernetes containers of engines that write no identity annotation)."""
     if not isinstance(spec, dict):
         raise SpecError("config.json: the top level is not a JSON object")
     annotations = _str_map(spec.get("annotations"))
     process = spec["process"] if isinstance(spec.get("process"), dict) else {}
     env = _env(process.get("env"))
-    problems: list[str] = []
-    channels: list[ChannelRequest] = []
+    kube = identity.identify(annotations, spec.get("mounts"), kubelet_dir)
+    found = (
+        _cdi_channel(annotations),
+        _marker_channel(spec.get("mounts")),
+        _env_channel(env, has_prestart_hook(spec), kube is not None),
+    )
+    channels = tuple(c for c in found if c is not None)
+    return Request(
+        channels=channels,
+        driver_capabilities=env.get(ENV_CAPS),
+        privileged=_privileged(process.get("capabilities")),
+        kubernetes=kube,
+        annotations=tuple(
+            sorted(
+                (k, v) for k, v in annotations.items() if k.startswith(GPUHOOK_ANNOTATION_PREFIX)
+            )
+        ),
+        problems=tuple(c.problem for c in channels if c.problem),
+    )
 
-    for key in sorted(annotations):
-        if key.startswith(CDI_ANNOTATION_PREFIX):
-            value = annotations[key]
-            ids = tuple(_split(value))
-            channels.append(ChannelRequest(CHANNEL_CDI, f"annotation {key}", value, ids))
 
+def has_prestart_hook(spec: dict[str, Any]) -> bool:
+    """Whether the spec carries ``nvidia-container-runtime-hook`` as a prestart hook (docker
+    ``--gpus``, or NVIDIA's hooks.d file, which puts it into every container)."""
+    return _has_docker_hook(spec.get("hooks"))
+
+
+def _cdi_channel(annotations: dict[str, str]) -> ChannelRequest | None:
+    """All ``cdi.k8s.io/*`` annotations, as one request (one annotation per device-plugin
+    Allocate response: a container with two ``nvidia.com/*`` resources has two)."""
+    keys = sorted(k for k in annotations if k.startswith(CDI_ANNOTATION_PREFIX))
+    if not keys:
+        return None
+    values = [annotations[k] for k in keys]
+    ids = _dedupe([i for value in values for i in _split(value)])
+    source = ("annotation " if len(keys) == 1 else "annotations ") + ", ".join(keys)
+    return ChannelRequest(CHANNEL_CDI, source, ",".join(values), tuple(ids))
+
+
+def _marker_channel(mounts: Any) -> ChannelRequest | None:
     marker_ids: list[str] = []
     sources: list[str] = []
-    mounts = spec.get("mounts")
+    problems: list[str] = []
     for mount in mounts if isinstance(mounts, list) else ():
         if not isinstance(mount, dict):
             continue
@@ -91,38 +106,32 @@ def parse(spec: Any) -> Request:
                     problems.append(f"malformed volume-mount marker {dest!r}")
                 else:
                     marker_ids.append(device)
-    if marker_ids or sources:
-        channels.append(
-            ChannelRequest(
-                CHANNEL_MOUNT,
-                "mounts " + ", ".join(sources),
-                ",".join(marker_ids),
-                tuple(_dedupe(marker_ids)),
-            )
-        )
+    if not sources:
+        return None
+    return ChannelRequest(
+        CHANNEL_MOUNT,
+        "mounts " + ", ".join(sources),
+        ",".join(marker_ids),
+        tuple(_dedupe(marker_ids)),
+        problems[0] if problems else "",
+    )
 
+
+def _env_channel(env: dict[str, str], hook: bool, kubernetes: bool) -> ChannelRequest | None:
+    """NVIDIA_VISIBLE_DEVICES, through docker ``--gpus`` when its prestart hook is there. In a
+    Kubernetes container that hook is NVIDIA's hooks.d file, not docker: an env request."""
     visible = env.get(ENV_VISIBLE)
-    docker = _has_docker_hook(spec.get("hooks"))
-    if docker or (visible is not None and visible.strip().lower() not in ("", "void")):
-        value = visible or ""
-        ids, problem = env_ids(value)
-        if problem:
-            problems.append(f"{ENV_VISIBLE}: {problem}")
-        channel = CHANNEL_DOCKER if docker else CHANNEL_ENV
-        source = f"docker --gpus ({DOCKER_HOOK} prestart hook)" if docker else f"env {ENV_VISIBLE}"
-        channels.append(ChannelRequest(channel, source, value, ids))
-
-    return Request(
-        channels=tuple(channels),
-        driver_capabilities=env.get(ENV_CAPS),
-        privileged=_privileged(process.get("capabilities")),
-        kubernetes=_kubernetes(annotations),
-        annotations=tuple(
-            sorted(
-                (k, v) for k, v in annotations.items() if k.startswith(GPUHOOK_ANNOTATION_PREFIX)
-            )
-        ),
-        problems=tuple(problems),
+    if not hook and (visible is None or visible.strip().lower() in ("", "void")):
+        return None
+    value = visible or ""
+    ids, problem = env_ids(value)
+    channel, source = CHANNEL_ENV, f"env {ENV_VISIBLE}"
+    if hook and not kubernetes:
+        channel, source = CHANNEL_DOCKER, f"docker --gpus ({DOCKER_HOOK} prestart hook)"
+    elif hook:
+        source += f" ({DOCKER_HOOK} prestart hook of a Kubernetes container: an env request)"
+    return ChannelRequest(
+        channel, source, value, ids, f"{ENV_VISIBLE}: {problem}" if problem else ""
     )
 
 
@@ -204,16 +213,3 @@ def _privileged(caps: Any) -> bool:
         return False
     bounding = caps.get("bounding")
     return isinstance(bounding, list) and CAP_SYS_ADMIN in bounding
-
-
-def _kubernetes(annotations: dict[str, str]) -> KubeIdentity | None:
-    for keys in _K8S_KEYS:
-        if keys["type"] in annotations or keys["uid"] in annotations:
-            return KubeIdentity(
-                pod_uid=annotations.get(keys["uid"], ""),
-                namespace=annotations.get(keys["namespace"], ""),
-                pod_name=annotations.get(keys["pod"], ""),
-                container_name=annotations.get(keys["container"], ""),
-                container_type=annotations.get(keys["type"], "container"),
-            )
-    return None

@@ -1,5 +1,6 @@
-"""Decision records on the reading side: find one by container id or unique prefix, and list
-them (the links of deleted containers are collected by :mod:`gpuhook.records.gc`).
+"""Decision records on the reading side: find one by container id or unique prefix, list them,
+and find a pod's (by NAMESPACE/NAME or pod UID). The links of deleted containers are collected
+by :mod:`gpuhook.records.gc`.
 
 The shim writes each record into the container's bundle and links it as
 ``<state_dir>/containers/<id>.json`` (:mod:`gpuhook.records.writer`).
@@ -167,3 +168,34 @@ def _check_usable(entry: Entry) -> None:
         raise RecordNotFoundError(
             f"decision record of container {entry.container_id} ({entry.target}): {entry.problem}"
         )
+
+
+# --- pods -------------------------------------------------------------------------------------
+
+
+def find_pod(config: Config, wanted: str) -> list[dict[str, Any]]:
+    """The live records of one pod's containers, oldest first. ``wanted`` is NAMESPACE/NAME or
+    a pod UID. RecordNotFoundError with one line when there is none."""
+    namespace, slash, name = wanted.partition("/")
+    if not wanted or (slash and (not namespace or not name or "/" in name)):
+        raise RecordNotFoundError(f"{wanted!r} is not NAMESPACE/NAME or a pod UID")
+    found = [
+        e.record
+        for e in scan(config.records_dir)
+        if e.record is not None and _of_pod(e.record.get("kubernetes"), namespace, slash, name)
+    ]
+    if not found:
+        raise RecordNotFoundError(
+            f"no decision record of a container of pod {wanted} in {config.records_dir}: only "
+            "containers whose spec mentions a GPU are tied to their pod; a container known "
+            "only by the kubelet's mounts (cri-dockerd) has no pod name, give the pod UID"
+        )
+    return found
+
+
+def _of_pod(kube: Any, namespace: str, slash: str, name: str) -> bool:
+    if not isinstance(kube, dict):
+        return False
+    if slash:
+        return bool(kube.get("namespace") == namespace and kube.get("pod_name") == name)
+    return bool(kube.get("pod_uid") == namespace)
