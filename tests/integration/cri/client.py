@@ -18,7 +18,7 @@ RPC_TIMEOUT = 120.0
 def compile_api(out: Path) -> ModuleType:
     """Compile the proto into ``out`` and import its messages (the ``_grpc`` module imports them
     by their top-level name, so ``out`` goes onto sys.path)."""
-    from grpc_tools import protoc
+    from grpc_tools import protoc  # type: ignore[import-untyped]
 
     out.mkdir(parents=True, exist_ok=True)
     args = [
@@ -39,7 +39,7 @@ class CriClient:
     """RuntimeService over ``unix://<socket>``; ``api`` is the compiled messages module."""
 
     def __init__(self, socket: Path, api: ModuleType) -> None:
-        import grpc
+        import grpc  # type: ignore[import-untyped]
 
         self.api = api
         stubs = importlib.import_module(f"{MODULE}_pb2_grpc")

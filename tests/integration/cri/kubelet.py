@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import uuid as uuidlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ class Pod:
     name: str = "trainer"
     namespace: str = "ml"
     uid: str = field(default_factory=lambda: str(uuidlib.uuid4()))
-    annotations: dict[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ class Allocation:
     container: str
     resource: str
     device_ids: tuple[str, ...]
-    envs: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
+    envs: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 def _varint(n: int) -> bytes:
@@ -54,7 +55,7 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def alloc_resp(envs: dict[str, str], annotations: dict[str, str]) -> bytes:
+def alloc_resp(envs: Mapping[str, str], annotations: Mapping[str, str]) -> bytes:
     """deviceplugin v1beta1 ContainerAllocateResponse: map envs = 1, map annotations = 4
     (map entries: key = 1, value = 2)."""
     out = b""
