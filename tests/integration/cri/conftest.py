@@ -228,6 +228,8 @@ def cri(
         api = cri_client.compile_api(tmp_path_factory.mktemp("cri-api"))
         daemon = engines.Containerd(root, config, engines.daemon_env(str(root / "gpuhook.yaml")))
         c = Cri(node, root, daemon, api)
+        version = c.client.version()  # the CRI plugin loaded and answers on the socket
+        assert (version.runtime_name, version.runtime_api_version) == ("containerd", "v1")
         c.configure()
         build_images(daemon, rootfs_template, tmp_path_factory.mktemp("cri-images"))
         yield c
