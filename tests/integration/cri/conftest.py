@@ -103,10 +103,13 @@ class Cri:
         record: dict[str, Any] = json.loads(out.stdout)
         return record
 
+    def bundle(self, container_id: str) -> Path:
+        """containerd 1.6's bundle of a live container (or sandbox): config.json, init.pid."""
+        return self.root / "state" / "io.containerd.runtime.v2.task" / NS / container_id
+
     def spec(self, container_id: str) -> dict[str, Any]:
         """The OCI spec runc got: the bundle's config.json after gpuhook-runtime rewrote it."""
-        bundle = Path(self.record(container_id)["bundle"])
-        spec: dict[str, Any] = json.loads((bundle / "config.json").read_text())
+        spec: dict[str, Any] = json.loads((self.bundle(container_id) / "config.json").read_text())
         return spec
 
     def uuid(self, index: int) -> str:

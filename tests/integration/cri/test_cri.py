@@ -136,8 +136,8 @@ def test_pod_sandbox_gets_nothing(k8s: Cri) -> None:
         seen = pod.probe(cid)
         record = k8s.record(pod.id)
         spec = k8s.spec(pod.id)
-        bundle = Path(record["bundle"])
-        pid = (bundle / "init.pid").read_text().strip()
+        assert record["bundle"] == str(k8s.bundle(pod.id))
+        pid = (k8s.bundle(pod.id) / "init.pid").read_text().strip()
         pause_dev = sorted(d.name for d in Path(f"/proc/{pid}/root/dev").iterdir())
     assert seen["dev"] == gpus(1)
     assert record["kubernetes"]["container_type"] == "sandbox"
