@@ -70,8 +70,11 @@ def config_dump(config: Path) -> dict[str, Any]:
     return tomllib.loads(out.stdout)
 
 
-def oci_archive(rootfs: str, dest: Path, name: str, env: list[str]) -> Path:
-    """An OCI image layout tarball (one uncompressed layer: the rootfs) for `ctr image import`."""
+def oci_archive(
+    rootfs: str, dest: Path, name: str, env: list[str], cmd: list[str] | None = None
+) -> Path:
+    """An OCI image layout tarball (one uncompressed layer: the rootfs) for `ctr image import`;
+    the image runs ``cmd`` (default /bin/sh)."""
     work = dest.with_suffix(".d")
     blobs = work / "blobs" / "sha256"
     blobs.mkdir(parents=True)
@@ -89,7 +92,7 @@ def oci_archive(rootfs: str, dest: Path, name: str, env: list[str]) -> Path:
         {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Env": env, "Cmd": ["/bin/sh"]},
+            "config": {"Env": env, "Cmd": cmd or ["/bin/sh"]},
             "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_digest}"]},
         }
     )

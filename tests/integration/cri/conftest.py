@@ -1,0 +1,254 @@
+"""A private containerd 1.6 driven through its CRI plugin, as the kubelet drives it.
+
+The daemon has its own root, state, socket and config under a short folder in /tmp. Its
+config.toml is ``containerd config default`` made private (plugin folders, an empty CNI folder),
+with the CRI settings a node without CAP_SYS_RESOURCE and without CNI needs
+(``restrict_oom_score_adj``, ``disable_apparmor``, host-network pods only) and the sandbox image
+of this suite, then registered by ``gpuhook runtime configure --runtime containerd
+--set-as-default``. Images are built here from the busybox rootfs and imported with
+``ctr -n k8s.io images import``: nothing is pulled. gpuhook's config points at the session's
+fake GPU node and at a kubelet folder in tmp, whose device-manager checkpoint the tests write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid as uuidlib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import testbed
+import yaml
+
+from tests.conftest import FakeNode, _deep_update, mps_daemons_under
+from tests.integration import engines
+from tests.integration.cri import client as cri_client
+from tests.integration.cri import kubelet
+from tests.integration.test_containerd import oci_archive
+
+NS = "k8s.io"
+PAUSE = "gpuhook-test.local/pause:1"
+IMAGE = "gpuhook-test.local/busybox:1"
+IMAGE_ALL = "gpuhook-test.local/busybox-env-all:1"
+PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+MPS_GPU = 2  # the MPS-shared GPU of the suite's config (2 replicas)
+SLEEP = ["/bin/sleep", "3600"]
+
+
+def cri_config(root: Path) -> str:
+    """`containerd config default`, private, with the CRI settings of this suite."""
+    text = subprocess.run(
+        [engines.CONTAINERD, "config", "default"], capture_output=True, text=True, check=True
+    ).stdout
+    (root / "cni").mkdir()
+    edits = {
+        'path = "/opt/containerd"': f'path = "{root / "opt"}"',
+        "restrict_oom_score_adj = false": "restrict_oom_score_adj = true",
+        "disable_apparmor = false": "disable_apparmor = true",
+        'sandbox_image = "registry.k8s.io/pause:3.6"': f'sandbox_image = "{PAUSE}"',
+        'conf_dir = "/etc/cni/net.d"': f'conf_dir = "{root / "cni"}"',
+        'bin_dir = "/opt/cni/bin"': f'bin_dir = "{root / "cni"}"',
+        'Root = ""': f'Root = "{root / "runc"}"',  # runc's state: not /run/containerd/runc
+    }
+    for old, new in edits.items():
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return text
+
+
+class Cri:
+    """The daemon, a CRI client, the kubelet folder and gpuhook's config of the suite."""
+
+    def __init__(self, node: FakeNode, root: Path, daemon: engines.Containerd, api: Any) -> None:
+        self.node = node
+        self.root = root
+        self.daemon = daemon
+        self.api = api
+        self.client = cri_client.CriClient(daemon.socket, api)
+        self.kubelet_dir = root / "kubelet"
+        self.checkpoint = self.kubelet_dir / "device-plugins" / "kubelet_internal_checkpoint"
+        self.config = root / "gpuhook.yaml"
+        self.env = {**node.env, "GPUHOOK_CONFIG": str(self.config)}
+        self.mps_root = root / "mps"
+
+    # --- gpuhook's side ---------------------------------------------------------------------
+
+    def configure(self, **sections: Any) -> None:
+        """gpuhook's config: the node's, pointed at this suite's kubelet folder and MPS root,
+        with ``sections`` merged in; replaced atomically (the runtime reads it per create)."""
+        data = yaml.safe_load(self.node.config.read_text())
+        _deep_update(
+            data,
+            {
+                "policy": {"kubernetes": {"checkpoint": str(self.checkpoint)}},
+                "mps": {"root": str(self.mps_root), "gpus": [MPS_GPU], "replicas": 2},
+            },
+        )
+        _deep_update(data, sections)
+        tmp = self.config.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(data))
+        os.replace(tmp, self.config)
+
+    def gpuhook(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.node.gpuhook(*args, env=self.env)
+
+    def record(self, container_id: str) -> dict[str, Any]:
+        out = self.gpuhook("inspect", "container", container_id, "--output", "json")
+        assert out.returncode == 0, out.stderr
+        record: dict[str, Any] = json.loads(out.stdout)
+        return record
+
+    def bundle(self, container_id: str) -> Path:
+        """containerd 1.6's bundle of a live container (or sandbox): config.json, init.pid."""
+        return self.root / "state" / "io.containerd.runtime.v2.task" / NS / container_id
+
+    def spec(self, container_id: str) -> dict[str, Any]:
+        """The OCI spec runc got: the bundle's config.json after gpuhook-runtime rewrote it."""
+        spec: dict[str, Any] = json.loads((self.bundle(container_id) / "config.json").read_text())
+        return spec
+
+    def uuid(self, index: int) -> str:
+        return str(self.node.truth["gpus"][index]["uuid"])
+
+    def allocate(self, *allocations: tuple[kubelet.Pod, kubelet.Allocation]) -> None:
+        kubelet.write_checkpoint(self.checkpoint, list(allocations))
+
+    # --- the kubelet's side -----------------------------------------------------------------
+
+    @contextmanager
+    def pod(self, pod: kubelet.Pod, runtime_handler: str = "") -> Iterator[PodHandle]:
+        config = kubelet.sandbox_config(self.api, pod, self.root / "logs")
+        pod_id = self.client.run_pod_sandbox(config, runtime_handler)
+        handle = PodHandle(self, pod, pod_id, config)
+        try:
+            yield handle
+        finally:
+            for cid in handle.containers:
+                self.client.stop_container(cid)
+                self.client.remove_container(cid)
+            self.client.stop_pod_sandbox(pod_id)
+            self.client.remove_pod_sandbox(pod_id)
+
+    def why(self) -> str:
+        return self.daemon.tail(30)
+
+
+class PodHandle:
+    """A running pod sandbox and the containers created in it."""
+
+    def __init__(self, cri: Cri, pod: kubelet.Pod, pod_id: str, config: Any) -> None:
+        self.cri = cri
+        self.pod = pod
+        self.id = pod_id
+        self.config = config
+        self.containers: list[str] = []
+
+    def container(
+        self,
+        name: str = "main",
+        image: str = IMAGE,
+        allocations: tuple[kubelet.Allocation, ...] = (),
+        command: tuple[str, ...] = tuple(SLEEP),
+    ) -> str:
+        """CreateContainer + StartContainer as the kubelet does; returns the container id."""
+        cri = self.cri
+        mounts = kubelet.pod_mounts(cri.api, cri.kubelet_dir, self.pod, name)
+        config = kubelet.container_config(
+            cri.api, self.pod, name, image, mounts, list(allocations), list(command)
+        )
+        cid = cri.client.create_container(self.id, config, self.config)
+        self.containers.append(cid)
+        cri.client.start_container(cid)
+        return cid
+
+    def exec(self, cid: str, *cmd: str) -> str:
+        out = self.cri.client.exec_sync(cid, list(cmd))
+        assert out.exit_code == 0, (out.exit_code, out.stderr, self.cri.why())
+        return str(out.stdout.decode())
+
+    def probe(self, cid: str) -> dict[str, Any]:
+        """testbed's probe through ExecSync: the container's /dev/nvidia* nodes, ldconfig, smi
+        (its env section is the exec'd process's env)."""
+        return testbed.parse_probe(self.exec(cid, "/bin/sh", "-c", testbed.PROBE))
+
+    def process_env(self, cid: str) -> dict[str, str]:
+        """The env of the container's own process (pid 1 of its PID namespace)."""
+        raw = self.exec(cid, "/bin/cat", "/proc/1/environ")
+        return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+    def exec_env(self, cid: str) -> dict[str, str]:
+        """The env of a process started by ExecSync (`kubectl exec`, exec probes)."""
+        raw = self.exec(cid, "/bin/env")
+        return dict(line.split("=", 1) for line in raw.splitlines() if "=" in line)
+
+
+def build_images(daemon: engines.Containerd, rootfs: str, folder: Path) -> None:
+    """The sandbox (pause) image and the test images, from the busybox rootfs. The pause image
+    carries NVIDIA_VISIBLE_DEVICES=all, so every sandbox of the suite takes gpuhook's full path
+    and must be refused (a real pause image has no such env: its sandbox takes the fast path)."""
+    images: Mapping[str, tuple[list[str], list[str]]] = {
+        PAUSE: ([PATH_ENV, "NVIDIA_VISIBLE_DEVICES=all"], SLEEP),
+        IMAGE: ([PATH_ENV], ["/bin/sh"]),
+        IMAGE_ALL: ([PATH_ENV, "NVIDIA_VISIBLE_DEVICES=all"], ["/bin/sh"]),
+    }
+    for name, (env, cmd) in images.items():
+        archive = oci_archive(rootfs, folder / f"{uuidlib.uuid4().hex[:8]}.tar", name, env, cmd)
+        out = daemon.ctr("-n", NS, "images", "import", str(archive))
+        assert out.returncode == 0, out.stderr + daemon.tail()
+
+
+def kill_shims(socket: Path) -> None:
+    """containerd's shims outlive the daemon: SIGKILL the ones of this daemon (a test that
+    failed before its pod was removed leaves one), found by the socket in their argv."""
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.isdigit() and b"-address" in argv and str(socket).encode() in argv:
+            os.kill(int(entry), 9)
+
+
+@pytest.fixture(scope="session")
+def cri(
+    node: FakeNode, rootfs_template: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cri]:
+    root = engines.short_dir("gh-cri-")
+    daemon = None
+    try:
+        config = root / "config.toml"
+        config.write_text(cri_config(root))
+        out = node.gpuhook(
+            "runtime", "configure", "--runtime", "containerd", "--config", str(config),
+            "--set-as-default", "--runtime-path", testbed.RUNTIME,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        api = cri_client.compile_api(tmp_path_factory.mktemp("cri-api"))
+        daemon = engines.Containerd(root, config, engines.daemon_env(str(root / "gpuhook.yaml")))
+        c = Cri(node, root, daemon, api)
+        version = c.client.version()  # the CRI plugin loaded and answers on the socket
+        assert (version.runtime_name, version.runtime_api_version) == ("containerd", "v1")
+        c.configure()
+        build_images(daemon, rootfs_template, tmp_path_factory.mktemp("cri-images"))
+        yield c
+        c.client.close()
+    finally:
+        if daemon is not None:
+            daemon.stop()
+            kill_shims(daemon.socket)
+        for pid in mps_daemons_under(root):  # only the MPS daemons of this suite's root
+            os.kill(pid, 9)
+        engines.remove_tree(root)
+
+
+@pytest.fixture
+def k8s(cri: Cri) -> Cri:
+    """The suite's daemon with gpuhook's default config for the test (and an empty checkpoint)."""
+    cri.configure()
+    cri.allocate()
+    return cri
