@@ -85,7 +85,7 @@ class Cri:
         _deep_update(
             data,
             {
-                "policy": {"kubernetes": {"checkpoint": str(self.checkpoint)}},
+                "policy": {"kubernetes": {"kubelet_dir": str(self.kubelet_dir), "checkpoint": ""}},
                 "mps": {"root": str(self.mps_root), "gpus": [MPS_GPU], "replicas": 2},
             },
         )
