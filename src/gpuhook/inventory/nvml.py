@@ -115,11 +115,14 @@ def bindings_release(module_file: str) -> tuple[str, str] | None:
     pynvml module imported, read from the metadata in its sys.path folder (nvidia-ml-py's pynvml
     has no ``__version__``). None when no distribution there claims it."""
     from importlib.metadata import distributions
+    from itertools import chain
 
     package = os.path.basename(module_file) == "__init__.py"
     relative = "pynvml/__init__.py" if package else "pynvml.py"
     folder = os.path.dirname(os.path.dirname(module_file) if package else module_file)
-    for dist in distributions(path=[folder]):
+    # nvidia-ml-py's metadata first (found by its folder's name, without reading the others').
+    found = chain(distributions(name="nvidia-ml-py", path=[folder]), distributions(path=[folder]))
+    for dist in found:
         files = dist.files
         if files is not None:
             holds = any(f.as_posix() == relative for f in files)
