@@ -196,13 +196,12 @@ def install(
     """Install or re-install (idempotent); one line per step done."""
     raw, data = validated_config(config_file)
     plan = engine_plan(host_root, engine, configure.CONFIGURE)
-    record = read_record(host_root)
-    if record is None:
-        paths = footprint(data, ENGINE_CONFIG[engine])
-        created = tuple(p for p in paths if not os.path.lexists(host.host_path(host_root, p)))
-        record = Record(engine, created, False)
-    elif record.engine != engine:
+    record = read_record(host_root) or Record(engine, (), False)
+    if record.engine != engine:
         raise NodeInstallError(f"gpuhook is installed for {record.engine} here; uninstall first")
+    paths = footprint(data, ENGINE_CONFIG[engine])
+    new = (p for p in paths if not os.path.lexists(host.host_path(host_root, p)))
+    record = Record(engine, tuple(dict.fromkeys((*record.created, *new))), record.restart_pending)
     write_record(host_root, record)
     lines = [copy_runtime(host_root, source), write_config(host_root, raw, record)]
     argv = [HOOK_PATH, "--config", CONFIG, "inventory", "refresh"]
@@ -263,6 +262,8 @@ def serve(
     acted on right after it."""
     signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    if os.path.lexists(ready_file):  # a container restarted in place keeps its files
+        os.unlink(ready_file)
     for line in install(host_root, config_file, engine, restart, bundle.image_source()):
         emit(line)
     os.makedirs(os.path.dirname(ready_file) or ".", mode=0o755, exist_ok=True)
