@@ -46,8 +46,11 @@ BENCH_ARGS ?=
 bench: build
 	$(PY) bench/lifecycle.py $(BENCH_ARGS)
 
-# dist/gpuhook_<version>_all.deb with Debian's tools, then lintian (fails on errors).
+# Into dist/, with Debian's tools, each checked by lintian: python3-nvidia-ml-py_<v>_all.deb (the
+# NVML bindings, from the PyPI sdist pinned in packaging/nvidia-ml-py/SHA256SUMS, downloaded once
+# into build/nvidia-ml-py/) and gpuhook_<version>_all.deb, which depends on it.
 deb:
+	packaging/nvidia-ml-py/build-deb
 	packaging/deb/build-deb
 
 # dist/gpuhook-node_<version>.tar: the DaemonSet's image (docker-archive, `docker load`), from

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENTRY = REPO / "src" / "gpuhook" / "_shim_entry.py"
 PYTHON = REPO / ".venv" / "bin" / "python"
 
-HEAVY = {"click", "yaml", "jsonschema", "structlog", "pynvml", "gpuhook._vendor.pynvml"}
+HEAVY = {"click", "yaml", "jsonschema", "structlog", "pynvml"}
 SLOW_STDLIB = {
     "json",
     "re",
@@ -215,7 +215,7 @@ def test_pynvml_only_on_a_lazy_inventory_refresh(
     create(env, containers.bundle(), "warm")
     modules, _ = create(env, containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"]), "refresh")
     assert "gpuhook.inventory.nvml" in modules  # no inventory yet: refreshed under the lock
-    assert not (modules & (HEAVY - {"pynvml", "gpuhook._vendor.pynvml"}))
+    assert not (modules & (HEAVY - {"pynvml"}))
     modules, _ = create(env, containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"]), "cached")
     assert "gpuhook.pipeline.flow" in modules
     _assert_light(modules)

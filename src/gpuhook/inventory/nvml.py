@@ -72,21 +72,73 @@ class NvmlFacts:
         self.gpus = gpus
 
 
+# The oldest nvidia-ml-py gpuhook runs on: the release its Debian package is built from and tested
+# with (packaging/nvidia-ml-py); the .deb's Depends and pyproject.toml ask for the same floor.
+PYNVML_MINIMUM = "12.570"
+_NEEDED = f"nvidia-ml-py >= {PYNVML_MINIMUM}"
+_INSTALL = (
+    f"pip install 'nvidia-ml-py>={PYNVML_MINIMUM}', or Debian: apt install python3-nvidia-ml-py"
+)
+
+
 def _import_pynvml() -> Any:
+    """The ``pynvml`` module Python finds first, once its release is known to be new enough."""
     from gpuhook._site import enable_site_packages
 
     enable_site_packages()
     try:
         import pynvml
     except ImportError:
-        try:
-            from gpuhook._vendor import pynvml
-        except ImportError:
-            raise NvmlNotFoundError(
-                "the Python NVML bindings (module pynvml) are not installed: "
-                "pip install nvidia-ml-py, or reinstall the gpuhook package"
-            ) from None
+        raise NvmlNotFoundError(
+            f"the Python NVML bindings (module pynvml) are not installed: gpuhook needs {_NEEDED} "
+            f"({_INSTALL})"
+        ) from None
+    _check_release(str(getattr(pynvml, "__file__", "") or "pynvml"))
     return pynvml
+
+
+def _check_release(module_file: str) -> None:
+    found = bindings_release(module_file)
+    if found is None:
+        what = "come with no package metadata (no .dist-info or .egg-info beside them)"
+    elif release_tuple(found[1]) < release_tuple(PYNVML_MINIMUM):
+        what = f"are {found[0]} {found[1]}"
+    else:
+        return
+    raise NvmlNotFoundError(
+        f"the Python NVML bindings {module_file} {what}: gpuhook needs {_NEEDED} ({_INSTALL})"
+    )
+
+
+def bindings_release(module_file: str) -> tuple[str, str] | None:
+    """``(distribution, version)`` of the installed distribution that holds ``module_file``, the
+    pynvml module imported, read from the metadata in its sys.path folder (nvidia-ml-py's pynvml
+    has no ``__version__``). None when no distribution there claims it."""
+    from importlib.metadata import distributions
+
+    package = os.path.basename(module_file) == "__init__.py"
+    relative = "pynvml/__init__.py" if package else "pynvml.py"
+    folder = os.path.dirname(os.path.dirname(module_file) if package else module_file)
+    for dist in distributions(path=[folder]):
+        files = dist.files
+        if files is not None:
+            holds = any(f.as_posix() == relative for f in files)
+        else:  # Debian's egg-info lists no files, only the top-level modules
+            holds = "pynvml" in (dist.read_text("top_level.txt") or "").split()
+        if holds:
+            return str(dist.metadata["Name"]), dist.version
+    return None
+
+
+def release_tuple(version: str) -> tuple[int, ...]:
+    """``"12.570.86"`` -> ``(12, 570, 86)``: the leading numeric parts (``"12.570.0rc1"`` gives
+    ``(12, 570)``), for comparisons with :data:`PYNVML_MINIMUM`."""
+    out: list[int] = []
+    for part in version.split("."):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
 
 
 def load_library(explicit: str, driver_root_candidates: list[str]) -> tuple[Any, str]:
