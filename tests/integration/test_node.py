@@ -25,6 +25,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import testbed
@@ -272,7 +273,7 @@ def containerd_loads(config: Path) -> str:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_gpu_container(host: Host) -> dict[str, object]:
+def run_gpu_container(host: Host) -> dict[str, Any]:
     """The probe bundle run through the node's /opt/gpuhook/bin/gpuhook-runtime, chrooted into
     the node's root (a mount point, with /proc, /sys and /dev, as runc needs)."""
     root = str(host.root)
