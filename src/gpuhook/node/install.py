@@ -18,11 +18,14 @@ Install, in this order (a failing step stops, and what is not yet done stays und
 
 Uninstall: unregister first (backup kept), restart the engine, then remove ``/opt/gpuhook`` and
 every recorded path that the install (or gpuhook on the node since) created. So the engine never
-points at a runtime that is not there, and a pod restarted at any point converges.
+points at a runtime that is not there, and a pod restarted at any point converges. Containers
+created through gpuhook keep its path as their shim's runtime: while one is there, that file is
+replaced in place by a pass-through to the low-level runtime instead of removed.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -45,6 +48,15 @@ CONFIG = config_mod.DEFAULT_PATH
 HOOK_PATH = f"{bundle.PREFIX}/bin/gpuhook"
 RUNTIME_PATH = f"{bundle.PREFIX}/bin/gpuhook-runtime"
 LDCONFIG = f"{bundle.PREFIX}/bin/ldconfig"
+# Where containerd (the system's, and docker's own) keeps its runc shims' task folders.
+TASK_STATES = ("/run/containerd", "/run/docker/containerd/daemon")
+TASKS = "io.containerd.runtime.v2.task"
+STUB_RUNTIME = (
+    "#!/bin/sh\n"
+    "# Left by `gpuhook node uninstall`: containers created through gpuhook-runtime still have\n"
+    "# their shims call this path; it hands every call to the low-level runtime.\n"
+    'exec {runtime} "$@"\n'
+)
 ENGINE_CONFIG = {"containerd": "/etc/containerd/config.toml", "docker": "/etc/docker/daemon.json"}
 DEFAULT_CONFIG = (
     "# gpuhook config written by `gpuhook node install` (no --config given)\n"
@@ -227,6 +239,53 @@ def settle(host_root: str, engine: str, restart: bool) -> list[str]:
     return [line]
 
 
+def containers_through(host_root: str, runtime_path: str) -> list[str]:
+    """Ids of the containers whose runc shim calls ``runtime_path`` (``binary_name`` in the
+    ``options.json`` of their task folder): created through gpuhook, still there."""
+    found = []
+    for state in TASK_STATES:
+        pattern = host.host_path(host_root, f"{state}/{TASKS}/*/*/options.json")
+        for options in sorted(glob.glob(pattern)):
+            try:
+                with open(options, "rb") as fh:
+                    doc = json.loads(fh.read())
+            except (OSError, ValueError):
+                continue
+            if isinstance(doc, dict) and doc.get("binary_name") == runtime_path:
+                found.append(os.path.basename(os.path.dirname(options)))
+    return found
+
+
+def low_level_runtime(host_root: str) -> str:
+    """The host path of the runtime gpuhook wrapped: the config's runtime.path when absolute,
+    else runc or crun in the host's system folders."""
+    try:
+        configured = config_mod.compile_file(host.host_path(host_root, CONFIG))["runtime"]["path"]
+    except ConfigError:
+        configured = ""
+    if configured.startswith("/"):
+        return str(configured)
+    for name in (configured,) if configured else ("runc", "crun"):
+        for folder in host.BIN_DIRS:
+            if os.access(host.host_path(host_root, f"/{folder}/{name}"), os.X_OK):
+                return f"/{folder}/{name}"
+    return "/usr/sbin/runc"
+
+
+def keep_pass_through(host_root: str, ids: list[str]) -> str:
+    """Leave ``gpuhook-runtime`` as a plain pass-through to the low-level runtime, for the shims
+    of containers created through gpuhook (they call it for kill, delete, exec); the line."""
+    runtime = low_level_runtime(host_root)
+    text = STUB_RUNTIME.format(runtime=runtime)
+    path = host.host_path(host_root, RUNTIME_PATH)
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    atomic_write(path, text.encode(), 0o755)
+    return (
+        f"kept {RUNTIME_PATH} as a pass-through to {runtime}: {len(ids)} containers created "
+        f"through gpuhook still call it (e.g. {ids[0]}); remove {bundle.PREFIX} once they are gone"
+    )
+
+
 def uninstall(host_root: str, restart: bool) -> list[str]:
     """Unregister, restart the engine, remove what the install created; one line per step."""
     record = read_record(host_root)
@@ -238,15 +297,40 @@ def uninstall(host_root: str, restart: bool) -> list[str]:
         lines.append(host.restart(record.engine))
     elif plan.changed:
         lines.append(f"not restarted (--no-restart): restart {host.SERVICE[record.engine]} now")
+    live = containers_through(host_root, RUNTIME_PATH)
+    if live:  # replaced in place first: the path never goes missing under those shims
+        lines.append(keep_pass_through(host_root, live))
+    return lines + remove(host_root, record, RUNTIME_PATH if live else None)
+
+
+def remove(host_root: str, record: Record, keep: str | None) -> list[str]:
+    """Remove /opt/gpuhook and the recorded paths, all but ``keep`` (a host path)."""
+    lines = []
     for path in sorted({bundle.PREFIX, *record.created}, reverse=True):
         full = host.host_path(host_root, path)
-        if os.path.isdir(full) and not os.path.islink(full):
+        if keep is not None and keep.startswith(path + "/"):
+            prune(full, host.host_path(host_root, keep))
+            lines.append(f"removed {path}, all but {keep}")
+        elif os.path.isdir(full) and not os.path.islink(full):
             shutil.rmtree(full)
             lines.append(f"removed {path}")
         elif os.path.lexists(full):
             os.unlink(full)
             lines.append(f"removed {path}")
     return lines
+
+
+def prune(folder: str, keep: str) -> None:
+    """Remove everything under ``folder`` but ``keep`` and the folders that lead to it."""
+    for entry in os.scandir(folder):
+        if entry.path == keep:
+            continue
+        if keep.startswith(entry.path + "/"):
+            prune(entry.path, keep)
+        elif entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
 
 
 def serve(
