@@ -18,6 +18,7 @@ first debootstrap (cached under build/debian-bookworm/ with the Debian package t
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -336,6 +337,11 @@ def test_install_then_a_gpu_container_on_the_node_without_python(
     assert len(host.backups()) == 1
     assert containerd_loads(host.containerd_config) == "ok"
     assert not (host.root / "usr/bin/python3").exists()
+    # What README's `kubectl exec POD -- chroot /host /opt/gpuhook/bin/gpuhook inspect node` does.
+    inspect = ["chroot", "/host", "/opt/gpuhook/bin/gpuhook", "inspect", "node", "-o", "json"]
+    out = dockerd.docker("exec", NAME, *inspect)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)["gpus"]) == 2
     seen = run_gpu_container(host)
     assert seen["returncode"] == 0, seen["stderr"]
     control = ["/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
