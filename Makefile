@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PKGDIR := $(CURDIR)/src
 PYTEST_ARGS ?=
 
-.PHONY: all build lint typecheck unit test demo clean deb bench
+.PHONY: all build lint typecheck unit test demo clean deb bench image
 
 all: build
 
@@ -52,6 +52,11 @@ bench: build
 deb:
 	packaging/nvidia-ml-py/build-deb
 	packaging/deb/build-deb
+
+# dist/gpuhook-node_<version>.tar: the DaemonSet's image (docker-archive, `docker load`), from
+# debootstrap bookworm + the debs of `make deb`; no registry (root; README "Kubernetes install").
+image: deb
+	packaging/image/build-image
 
 clean:
 	rm -rf build dist packaging/deb/build .pytest_cache .mypy_cache .ruff_cache

@@ -76,6 +76,10 @@ class RegistrationError(GpuhookError):
     """A docker or containerd config could not be read or changed."""
 
 
+class NodeInstallError(GpuhookError):
+    """``gpuhook node install|uninstall`` could not put gpuhook on the node or take it off."""
+
+
 class RecordNotFoundError(GpuhookError):
     """No decision record for a container (never created through gpuhook-runtime, or deleted)."""
 

@@ -1,0 +1,74 @@
+"""``gpuhook node uninstall`` on a node where containers created through gpuhook still run: their
+runc shims call /opt/gpuhook/bin/gpuhook-runtime for kill, delete and exec, so that path stays,
+replaced in place by a pass-through to the low-level runtime; everything else goes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from gpuhook.node import install
+
+TASKS = "run/containerd/io.containerd.runtime.v2.task/k8s.io"
+
+
+def node(tmp_path: Path) -> Path:
+    root = tmp_path / "host"
+    for rel, text in {
+        "opt/gpuhook/bin/gpuhook-runtime": "#!/bin/sh\n",
+        "opt/gpuhook/lib/python3/dist-packages/gpuhook/__init__.py": "",
+        "etc/gpuhook/config.yaml": "runtime:\n  path: /usr/sbin/runc\n",
+        f"{TASKS}/through-gpuhook/options.json": json.dumps(
+            {"binary_name": install.RUNTIME_PATH, "systemd_cgroup": True}
+        ),
+        f"{TASKS}/through-runc/options.json": json.dumps({"binary_name": "/usr/sbin/runc"}),
+        f"{TASKS}/no-options/config.json": "{}",
+    }.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    created = ("/etc/gpuhook", "/etc/gpuhook/config.yaml", "/var/lib/gpuhook")
+    install.write_record(str(root), install.Record("containerd", created, False))
+    return root
+
+
+def files(root: Path) -> list[str]:
+    return sorted(
+        os.path.relpath(os.path.join(d, n), root) for d, _, names in os.walk(root) for n in names
+    )
+
+
+def test_live_containers_keep_a_pass_through_runtime(tmp_path: Path) -> None:
+    root = node(tmp_path)
+    lines = install.uninstall(str(root), restart=False)
+    assert "removed /opt/gpuhook, all but /opt/gpuhook/bin/gpuhook-runtime" in lines
+    assert (
+        "kept /opt/gpuhook/bin/gpuhook-runtime as a pass-through to /usr/sbin/runc: 1 containers "
+        "created through gpuhook still call it (e.g. through-gpuhook); remove /opt/gpuhook once "
+        "they are gone"
+    ) in lines
+    assert "removed /etc/gpuhook" in lines
+    assert [f for f in files(root) if not f.startswith("run/")] == [
+        "opt/gpuhook/bin/gpuhook-runtime"
+    ]
+    stub = root / "opt/gpuhook/bin/gpuhook-runtime"
+    assert stub.stat().st_mode & 0o777 == 0o755
+    assert 'exec /usr/sbin/runc "$@"' in stub.read_text()
+    if os.access("/usr/sbin/runc", os.X_OK):
+        out = subprocess.run(
+            ["sh", str(stub), "--version"], capture_output=True, text=True, check=False
+        )
+        assert out.returncode == 0 and out.stdout.startswith("runc version")
+
+
+def test_without_live_containers_nothing_is_kept(tmp_path: Path) -> None:
+    root = node(tmp_path)
+    (root / TASKS / "through-gpuhook/options.json").unlink()
+    lines = install.uninstall(str(root), restart=False)
+    assert "removed /opt/gpuhook" in lines
+    assert [f for f in files(root) if not f.startswith("run/")] == []
+    assert install.uninstall(str(root), restart=False) == [
+        "/opt/gpuhook/install.json: not found; gpuhook was not installed here by "
+        "`gpuhook node install`"
+    ]
