@@ -426,6 +426,7 @@ def decision_table(view: dict[str, Any], color: bool = False) -> str:
         rows += [["hook", f"{h['hookName']}: {' '.join(h['args'])}"] for h in edits["hooks"]]
         rows += [["remove hook", h] for h in edits.get("removeHooks", [])]
         rows += [["replace mount", m] for m in edits.get("replaceMounts", [])]
+        rows += [["engine injected", u] for u in edits.get("engineInjected", [])]
         if rows:
             out.append(section("Injected", table(["KIND", "WHAT"], rows), color))
     return "\n".join(out)

@@ -132,6 +132,7 @@ def run(
             docker_hook,
             mps_plan,
             rootfs,
+            spec,
         )
     except inject.MissingDevice as exc:
         raise RequestError(str(exc)) from None
