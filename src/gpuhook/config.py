@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
         "default_capabilities": ["compute", "utility"],
     },
     "hook": {"path": "/usr/bin/gpuhook", "ldconfig": "/sbin/ldconfig"},
+    "cdi": {"output": "/var/run/cdi/gpuhook-nvidia.json", "capabilities": []},
     "policy": {
         "kubernetes": {"env_requests": "verify", "checkpoint": CHECKPOINT_DEFAULT},
         "standalone": {"env_requests": "trust"},
@@ -178,6 +179,8 @@ class Config(Frozen):
     __slots__ = (
         "auto_refresh",
         "bin_dir",
+        "cdi_capabilities",
+        "cdi_output",
         "data",
         "default_capabilities",
         "dev_root",
@@ -211,6 +214,8 @@ class Config(Frozen):
     default_capabilities: tuple[str, ...]
     hook_path: str
     ldconfig: str
+    cdi_output: str  # "" when the inventory refresh writes no CDI spec
+    cdi_capabilities: tuple[str, ...]
     policy: PolicyConfig
     mps: MpsConfig
 
@@ -237,6 +242,9 @@ class Config(Frozen):
             default_capabilities=tuple(data["inject"]["default_capabilities"]),
             hook_path=data["hook"]["path"],
             ldconfig=data["hook"]["ldconfig"],
+            cdi_output=data["cdi"]["output"],
+            cdi_capabilities=tuple(data["cdi"]["capabilities"])
+            or tuple(data["inject"]["default_capabilities"]),
             policy=PolicyConfig(
                 pol["kubernetes"]["env_requests"],
                 pol["kubernetes"]["checkpoint"],
