@@ -120,11 +120,12 @@ def inventory_group() -> None:
 @inventory_group.command("refresh")
 @pass_ctx
 def inventory_refresh(obj: Context) -> None:
-    """Query NVML, scan the driver root and write the inventory file."""
+    """Query NVML, scan the driver root and write the inventory file (and the CDI spec at
+    cdi.output when one is configured)."""
     from gpuhook.inventory import store
 
     config = obj.config()
-    inv = store.refresh(config)
+    inv = store.refresh(config, export_cdi=True)
     migs = sum(len(g.mig_devices) for g in inv.gpus)
     mig_gpus = sum(1 for g in inv.gpus if g.mig_enabled)
     log.get_logger().info(
@@ -139,8 +140,76 @@ def inventory_refresh(obj: Context) -> None:
         f"{migs} MIG devices), driver {inv.driver_version}, {len(inv.libraries)} "
         f"libraries"
     )
+    if config.cdi_output:
+        click.echo(f"{config.cdi_output}: CDI spec (kind nvidia.com/gpu) regenerated")
     for warning in inv.warnings:
         click.echo(f"warning: {warning}", err=True)
+
+
+# --- cdi -----------------------------------------------------------------------------------------
+
+
+@main.group("cdi")
+def cdi_group() -> None:
+    """The inventory as a CDI spec (kind nvidia.com/gpu), for engines that resolve CDI."""
+
+
+@cdi_group.command("generate")
+@click.option(
+    "--output",
+    "path",
+    metavar="PATH",
+    help="Write the spec there atomically (default: print it). Engines read /etc/cdi and "
+    "/var/run/cdi.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "yaml"]),
+    default=None,
+    help="Default: yaml for a .yaml/.yml PATH, else json.",
+)
+@pass_ctx
+def cdi_generate(obj: Context, path: str | None, fmt: str | None) -> None:
+    """Build the CDI spec from the cached inventory and validate it against the CDI schema."""
+    from gpuhook.inventory import cdi, store
+
+    config = obj.config()
+    data = cdi.spec(store.load_current(config), config)
+    if path is None:
+        cdi.validate(data)
+        click.echo(cdi.render(data, fmt or "json").decode(), nl=False)
+        return
+    cdi.write(data, path, fmt)
+    click.echo(f"{path}: {len(data['devices'])} CDI devices of kind {cdi.KIND}", err=True)
+
+
+@cdi_group.command("list")
+@output_option
+@pass_ctx
+def cdi_list(obj: Context, output: str | None) -> None:
+    """The CDI device names the spec offers (nvidia.com/gpu=<name>) and what each one is."""
+    from gpuhook.cli.render import table
+    from gpuhook.inventory import cdi, store
+
+    config = obj.config()
+    rows = [
+        {
+            "name": f"{cdi.KIND}={name}",
+            "device": d.what,
+            "nodes": [n.path for n in d.edits.device_nodes],
+        }
+        for d in cdi.devices(store.load_current(config))
+        for name in d.names
+    ]
+    emit(
+        {"devices": rows},
+        output,
+        lambda view, _color: table(
+            ["NAME", "DEVICE", "NODES"],
+            [[r["name"], r["device"], ",".join(r["nodes"])] for r in view["devices"]],
+        ),
+    )
 
 
 # --- inspect -------------------------------------------------------------------------------------

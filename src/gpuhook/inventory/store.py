@@ -20,6 +20,7 @@ from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuhook.config import Config
+    from gpuhook.inventory.nvml import GpuFacts
 
 LOCK_TIMEOUT_S = 120.0
 
@@ -96,11 +97,13 @@ def load_current(config: Config) -> Inventory:
     return inventory
 
 
-def refresh(config: Config, *, only_if_needed: bool = False) -> Inventory:
+def refresh(config: Config, *, only_if_needed: bool = False, export_cdi: bool = False) -> Inventory:
     """Build the inventory and write it atomically, holding the refresh lock.
 
     ``only_if_needed``: after taking the lock, first re-read the file; another process may have
-    refreshed it while this one waited.
+    refreshed it while this one waited. ``export_cdi``: also regenerate the CDI spec at
+    ``cdi.output`` when one is configured (``gpuhook inventory refresh`` and its systemd units;
+    the lazy refresh of the create path leaves it, so that no container create waits on it).
     """
     try:
         os.makedirs(os.path.dirname(config.inventory_path) or ".", exist_ok=True)
@@ -116,6 +119,10 @@ def refresh(config: Config, *, only_if_needed: bool = False) -> Inventory:
             inventory = build(config)
             data = _fastjson.dumps(inventory.to_dict()).encode() + b"\n"
             atomic_write(config.inventory_path, data, 0o644)
+            if export_cdi:
+                from gpuhook.inventory import cdi
+
+                cdi.export(inventory, config)
             return inventory
     except TimeoutError:
         raise InventoryError(
@@ -146,48 +153,7 @@ def build(config: Config) -> Inventory:
     facts = nvml.query(config.nvml_library, nvml_candidates(config))
     scan = driverroot.scan(config.driver_root, config.dev_root, facts.driver_version)
     warnings = list(scan.warnings)
-    gpus: list[Gpu] = []
-    for g in facts.gpus:
-        node = driverroot.gpu_node(config.dev_root, g.minor)
-        if node is None:
-            warnings.append(
-                f"GPU {g.index} ({g.uuid}): device node "
-                f"{driverroot.host_path(config.dev_root, f'/dev/nvidia{g.minor}')} not found"
-            )
-        migs = tuple(
-            MigDevice(
-                m.index,
-                m.uuid,
-                g.index,
-                m.gpu_instance_id,
-                m.compute_instance_id,
-                m.name,
-                m.memory_total,
-                driverroot.mig_cap_nodes(
-                    config.driver_root,
-                    config.dev_root,
-                    g.minor,
-                    m.gpu_instance_id,
-                    m.compute_instance_id,
-                    warnings,
-                ),
-            )
-            for m in g.migs
-        )
-        gpus.append(
-            Gpu(
-                g.index,
-                g.uuid,
-                g.minor,
-                g.name,
-                g.memory_total,
-                g.pci_bus_id,
-                g.compute_capability,
-                g.mig_enabled,
-                migs,
-                node,
-            )
-        )
+    gpus = [_gpu(config, g, warnings) for g in facts.gpus]
     return Inventory(
         generated_at=time.time(),
         driver_root=config.driver_root,
@@ -202,4 +168,46 @@ def build(config: Config) -> Inventory:
         missing_libraries=[(cap, tuple(names)) for cap, names in sorted(scan.missing.items())],
         staleness_key=key,
         warnings=warnings,
+    )
+
+
+def _gpu(config: Config, g: GpuFacts, warnings: list[str]) -> Gpu:
+    """One GPU of the NVML facts with its device node and MIG devices (missing nodes: warnings)."""
+    node = driverroot.gpu_node(config.dev_root, g.minor)
+    if node is None:
+        warnings.append(
+            f"GPU {g.index} ({g.uuid}): device node "
+            f"{driverroot.host_path(config.dev_root, f'/dev/nvidia{g.minor}')} not found"
+        )
+    migs = tuple(
+        MigDevice(
+            m.index,
+            m.uuid,
+            g.index,
+            m.gpu_instance_id,
+            m.compute_instance_id,
+            m.name,
+            m.memory_total,
+            driverroot.mig_cap_nodes(
+                config.driver_root,
+                config.dev_root,
+                g.minor,
+                m.gpu_instance_id,
+                m.compute_instance_id,
+                warnings,
+            ),
+        )
+        for m in g.migs
+    )
+    return Gpu(
+        g.index,
+        g.uuid,
+        g.minor,
+        g.name,
+        g.memory_total,
+        g.pci_bus_id,
+        g.compute_capability,
+        g.mig_enabled,
+        migs,
+        node,
     )
