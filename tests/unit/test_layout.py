@@ -112,8 +112,6 @@ STILL_LONG = {
     "cli/doctor.py::check_device_nodes",
     "cli/tables.py::decision_table",
     "cli/tables.py::node_table",
-    "engines/configure.py::plan",
-    "inventory/store.py::build",
     "pipeline/flow.py::run",
     "pipeline/policy.py::decide",
     "pipeline/request.py::parse",

@@ -294,7 +294,7 @@ def inspect_spec(
 
 @main.group("runtime")
 def runtime_group() -> None:
-    """Register gpuhook-runtime with docker or containerd."""
+    """Register gpuhook-runtime with docker, containerd or podman."""
 
 
 def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -303,7 +303,7 @@ def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--runtime",
                 "engine",
-                type=click.Choice(("docker", "containerd")),
+                type=click.Choice(("docker", "containerd", "podman")),
                 required=True,
                 help="The engine whose config to edit.",
             ),
@@ -312,7 +312,7 @@ def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 "engine_config",
                 metavar="PATH",
                 help="The engine's config (default: /etc/docker/daemon.json, "
-                "/etc/containerd/config.toml).",
+                "/etc/containerd/config.toml, /etc/containers/containers.conf).",
             ),
             click.option(
                 "--runtime-name", default="gpuhook", show_default=True, help="The runtime's name."
@@ -351,7 +351,8 @@ def runtime_configure(
     set_as_default: bool,
     runtime_path: str,
 ) -> None:
-    """Register gpuhook-runtime in docker's daemon.json or containerd's config.toml."""
+    """Register gpuhook-runtime in docker's daemon.json, containerd's config.toml or podman's
+    containers.conf."""
     from gpuhook.engines import configure
 
     plan = configure.plan(
@@ -394,7 +395,7 @@ def _report_plan(plan: Any, dry_run: bool, unchanged: str) -> None:
     from gpuhook.engines import configure
 
     main_path = plan.changes[0].path
-    restart = f"systemctl restart {plan.service}"
+    restart = f"systemctl restart {plan.service}" if plan.service else ""
     for note in plan.notes:
         click.echo(f"{plan.engine}: {note}")
     if not plan.changed:
@@ -402,11 +403,15 @@ def _report_plan(plan: Any, dry_run: bool, unchanged: str) -> None:
         return
     if dry_run:
         click.echo(configure.render_diff(plan), nl=False)
-        click.echo(f"dry run: nothing written (applying it needs: {restart})")
+        needs = f" (applying it needs: {restart})" if restart else ""
+        click.echo(f"dry run: nothing written{needs}")
         return
     for line in configure.apply(plan):
         click.echo(line)
-    click.echo(f"restart {plan.service} to apply: {restart}")
+    if restart:
+        click.echo(f"restart {plan.service} to apply: {restart}")
+    else:
+        click.echo(f"{plan.engine} reads {main_path} on every command: nothing to restart")
 
 
 # --- the entry ----------------------------------------------------------------------------------
