@@ -419,7 +419,24 @@ def containerd_configure(
         # plain text edits, which the same check must accept.
         new = _text_configure(text, plain, version, name, runtime_path, set_default, source)
     _verify(new, expected, source)
-    return Edit(new, True, notes)
+    return Edit(new, True, notes + cdi_notes(plain, version))
+
+
+def cdi_notes(plain: dict[str, Any], version: int) -> tuple[str, ...]:
+    """What the CRI plugin's ``enable_cdi`` and ``cdi_spec_dirs`` mean for gpuhook (left as
+    they are): with CDI on, containerd resolves ``cdi.k8s.io/*`` annotations itself and fails a
+    container whose device no spec in those folders names."""
+    plugin = _walk(plain, ("plugins", CRI_PLUGIN[version]), "") or {}
+    enabled = plugin.get("enable_cdi", version == 3)
+    dirs = plugin.get("cdi_spec_dirs", ["/etc/cdi", "/var/run/cdi"])
+    if enabled is not True:
+        return ("CDI: enable_cdi is off; gpuhook-runtime reads the cdi.k8s.io/* annotations",)
+    where = ", ".join(str(d) for d in dirs) if isinstance(dirs, list) else "?"
+    return (
+        f"CDI: enable_cdi is on: containerd injects cdi.k8s.io/* devices from the specs in "
+        f"{where}; gpuhook's spec (cdi.output, kept by gpuhook inventory refresh) must be in "
+        "one of them (gpuhook doctor checks)",
+    )
 
 
 def _same(a: Any, b: Any) -> bool:
