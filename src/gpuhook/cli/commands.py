@@ -595,13 +595,24 @@ def gc_command(obj: Context, dry_run: bool, grace: float, output: str | None) ->
     show_default=True,
     help="containerd's config.toml to check.",
 )
+@click.option(
+    "--podman-config",
+    metavar="PATH",
+    default="/etc/containers/containers.conf",
+    show_default=True,
+    help="podman's containers.conf to check.",
+)
 @pass_ctx
 def doctor_command(
-    obj: Context, output: str | None, docker_config: str, containerd_config: str
+    obj: Context,
+    output: str | None,
+    docker_config: str,
+    containerd_config: str,
+    podman_config: str,
 ) -> None:
     """Check the node: config, inventory, device nodes, driver libraries, the low-level runtime,
-    the hook, docker/containerd registration, MPS, state and log folders, the kubelet
-    checkpoint. One line per check, with the fix for each failure; exit 1 when any fails."""
+    the hook, docker/containerd/podman registration, the CDI spec, MPS, state and log folders,
+    the kubelet checkpoint. One line per check, with the fix for each failure; exit 1 when any fails."""
     from gpuhook.cli import doctor, tables
     from gpuhook.errors import ChecksFailedError, ConfigError
 
@@ -610,7 +621,10 @@ def doctor_command(
     except ConfigError:
         pass
     node = doctor.Node(
-        obj.config_file, docker_config=docker_config, containerd_config=containerd_config
+        obj.config_file,
+        docker_config=docker_config,
+        containerd_config=containerd_config,
+        podman_config=podman_config,
     )
     results = doctor.run(node)
     view = doctor.view(results)

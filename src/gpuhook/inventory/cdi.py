@@ -132,6 +132,20 @@ def _schema(name: str) -> dict[str, Any]:
     return loaded
 
 
+def load(path: str) -> Any:
+    """A CDI spec file, JSON or YAML by its name. Raises OSError, ValueError."""
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    if format_for(path) == "yaml":
+        import yaml
+
+        try:
+            return yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"not valid YAML: {exc}") from None
+    return json.loads(raw)
+
+
 def render(data: dict[str, Any], fmt: str) -> bytes:
     """The spec as JSON or YAML text."""
     if fmt == "yaml":
