@@ -612,7 +612,8 @@ def doctor_command(
 ) -> None:
     """Check the node: config, inventory, device nodes, driver libraries, the low-level runtime,
     the hook, docker/containerd/podman registration, the CDI spec, MPS, state and log folders,
-    the kubelet checkpoint. One line per check, with the fix for each failure; exit 1 when any fails."""
+    the kubelet checkpoint. One line per check, with the fix for each failure; exit 1 when any
+    fails."""
     from gpuhook.cli import doctor, tables
     from gpuhook.errors import ChecksFailedError, ConfigError
 
