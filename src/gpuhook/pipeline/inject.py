@@ -179,7 +179,13 @@ def without_present(
     present = _spec_nodes(spec)
     mounts = spec.get("mounts")
     listed = mounts if isinstance(mounts, list) else ()
-    taken = {m.get("destination") for m in listed if isinstance(m, dict)}
+    taken = {
+        m["destination"]
+        for m in listed
+        if isinstance(m, dict)
+        and isinstance(m.get("destination"), str)
+        and m["destination"] not in edits.replace_mounts
+    }
     has_hook = _has_ldcache_hook(spec)
     by_index = {g.index: g for g in inventory.gpus}
     injected = tuple(
@@ -206,9 +212,12 @@ def _spec_nodes(spec: Mapping[str, Any]) -> set[tuple[Any, Any, Any]]:
     linux = spec.get("linux")
     devices = linux.get("devices") if isinstance(linux, dict) else None
     return {
-        (d.get("path"), d.get("major"), d.get("minor"))
+        (d["path"], d.get("major"), d.get("minor"))
         for d in (devices if isinstance(devices, list) else ())
         if isinstance(d, dict)
+        and isinstance(d.get("path"), str)
+        and isinstance(d.get("major"), int)
+        and isinstance(d.get("minor"), int)
     }
 
 
