@@ -117,8 +117,27 @@ class _Request(Frozen):
     set_default: bool
     drop_in: str | None
 
-    def __init__(self, **fields: object) -> None:
-        _init(self, **fields)
+    def __init__(
+        self,
+        *,
+        engine: str,
+        action: str,
+        path: str,
+        name: str,
+        runtime_path: str,
+        set_default: bool,
+        drop_in: str | None,
+    ) -> None:
+        _init(
+            self,
+            engine=engine,
+            action=action,
+            path=path,
+            name=name,
+            runtime_path=runtime_path,
+            set_default=set_default,
+            drop_in=drop_in,
+        )
 
 
 def plan(
