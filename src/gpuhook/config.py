@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
         "default_capabilities": ["compute", "utility"],
     },
     "hook": {"path": None, "ldconfig": "/sbin/ldconfig"},  # path None: beside gpuhook-runtime
+    "cdi": {"output": "/var/run/cdi/gpuhook-nvidia.json", "capabilities": []},
     "policy": {
         "kubernetes": {
             "env_requests": "verify",
@@ -193,6 +194,8 @@ class Config(Frozen):
     __slots__ = (
         "auto_refresh",
         "bin_dir",
+        "cdi_capabilities",
+        "cdi_output",
         "data",
         "default_capabilities",
         "dev_root",
@@ -228,6 +231,8 @@ class Config(Frozen):
     hook_path: str
     hook_path_source: str  # why hook_path is what it is, for doctor
     ldconfig: str
+    cdi_output: str  # "" when the inventory refresh writes no CDI spec
+    cdi_capabilities: tuple[str, ...]
     policy: PolicyConfig
     mps: MpsConfig
 
@@ -258,6 +263,9 @@ class Config(Frozen):
             hook_path=hook[0],
             hook_path_source=hook[1],
             ldconfig=data["hook"]["ldconfig"],
+            cdi_output=data["cdi"]["output"],
+            cdi_capabilities=tuple(data["cdi"]["capabilities"])
+            or tuple(data["inject"]["default_capabilities"]),
             policy=PolicyConfig(
                 pol["kubernetes"]["env_requests"],
                 pol["kubernetes"]["checkpoint"],

@@ -73,7 +73,11 @@ class RuntimeNotFoundError(GpuhookError):
 
 
 class RegistrationError(GpuhookError):
-    """A docker or containerd config could not be read or changed."""
+    """A docker, containerd or podman config could not be read or changed."""
+
+
+class CdiError(GpuhookError):
+    """A CDI spec could not be built, validated or written."""
 
 
 class NodeInstallError(GpuhookError):

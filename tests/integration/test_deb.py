@@ -57,6 +57,8 @@ INSTALLED = (
     "/lib/systemd/system/gpuhook-inventory.path",
     "/usr/lib/python3/dist-packages/gpuhook/_shim_entry.py",
     "/usr/lib/python3/dist-packages/gpuhook/schemas/config.schema.json",
+    "/usr/lib/python3/dist-packages/gpuhook/schemas/cdi.schema.json",
+    "/usr/lib/python3/dist-packages/gpuhook/schemas/cdi.defs.json",
     "/usr/share/man/man1/gpuhook.1.gz",
     "/usr/share/man/man1/gpuhook-runtime.1.gz",
     "/usr/share/doc/gpuhook/copyright",

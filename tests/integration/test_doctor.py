@@ -204,7 +204,7 @@ def test_no_engine_registers_gpuhook(node: FakeNode, tmp_path: Path) -> None:
     by = {c["check"]: c for c in view["checks"]}
     assert by["engines"]["status"] == "fail"
     assert by["engines"]["fix"] == (
-        "gpuhook runtime configure --runtime docker|containerd --set-as-default"
+        "gpuhook runtime configure --runtime docker|containerd|podman --set-as-default"
     )
     assert by["docker"]["status"] in ("skip", "warn")  # warn where dockerd is installed
 

@@ -297,3 +297,80 @@ def test_colour_only_on_a_terminal_and_never_with_no_color(
     assert "PASS" in plain and "\x1b[" not in plain
     piped = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     assert "PASS" in piped.stdout and "\x1b[" not in piped.stdout + piped.stderr
+
+
+def test_podman_reader(tmp_path: Path) -> None:
+    reg = read(
+        "podman",
+        tmp_path,
+        '[engine]\nruntime = "gh"\n[engine.runtimes]\n'
+        f'gh = ["/nowhere/gpuhook-runtime", "{RUNTIME}"]\nrunc = ["/usr/bin/runc"]\n',
+    )
+    assert (reg.error, reg.default, reg.default_is_gpuhook) == ("", "gh", True)
+    assert reg.runtimes == {"gh": "/nowhere/gpuhook-runtime", "runc": "/usr/bin/runc"}
+    assert (reg.cdi, reg.cdi_dirs) == (True, ("/etc/cdi", "/var/run/cdi"))
+    plain = read("podman", tmp_path, "[containers]\n")
+    assert (plain.default, plain.gpuhook_runtimes) == ("crun", {})
+    assert read("podman", tmp_path, "[engine\n").error.startswith("not valid TOML: ")
+
+
+def test_containerd_reader_cdi_settings(tmp_path: Path) -> None:
+    v3 = read("containerd", tmp_path, "version = 3\n")
+    assert (v3.cdi, v3.cdi_dirs) == (True, ("/etc/cdi", "/var/run/cdi"))  # on in 2.x
+    v2 = read("containerd", tmp_path, "version = 2\n")
+    assert v2.cdi is False  # off in 1.7
+    custom = read(
+        "containerd",
+        tmp_path,
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n'
+        'enable_cdi = true\ncdi_spec_dirs = ["/srv/cdi"]\n',
+    )
+    assert (custom.cdi, custom.cdi_dirs) == (True, ("/srv/cdi",))
+
+
+def test_cdi_checks(tmp_path: Path) -> None:
+    from gpuhook.engines import cdi
+    from gpuhook.inventory import store
+
+    spec_dir = tmp_path / "cdi"
+    output = spec_dir / "gpuhook-nvidia.json"
+    config_file = paper_node(tmp_path, cdi={"output": str(output)})
+    containerd = tmp_path / "config.toml"
+    containerd.write_text(f"version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n"
+                          f"cdi_spec_dirs = ['{spec_dir}']\n")  # fmt: skip
+    podman = tmp_path / "containers.conf"  # absent: podman reads /etc/cdi, /var/run/cdi
+
+    def node() -> doctor.Node:
+        return doctor.Node(
+            str(config_file),
+            docker_config=str(tmp_path / "none.json"),
+            containerd_config=str(containerd),
+            podman_config=str(podman),
+        )
+
+    def containerd_lines(n: doctor.Node) -> list[doctor.Result]:
+        return [r for r in doctor.check_engine_cdi(n) if r.message.startswith("containerd")]
+
+    first = node()
+    missing = doctor.check_cdi(first)
+    assert missing.status == doctor.WARN and "does not exist" in missing.message
+    assert missing.fix == "gpuhook inventory refresh"
+    [engine] = containerd_lines(first)
+    assert engine.status == doctor.WARN
+    assert engine.message.startswith(f"containerd resolves CDI devices from {spec_dir}, but")
+
+    config = first.need_config()
+    cdi.export(store.read(config), config)
+    assert doctor.check_cdi(node()).status == doctor.PASS
+    assert [r.status for r in containerd_lines(node())] == [doctor.PASS]
+
+    data = json.loads(output.read_text())
+    data["devices"] = data["devices"][2:]  # GPU 0 gone: another node's, or an old driver's
+    output.write_text(json.dumps(data))
+    stale = doctor.check_cdi(node())
+    assert (stale.status, stale.message) == (
+        doctor.WARN,
+        f"{output}: names other devices than the inventory (stale)",
+    )
+    output.write_text('{"kind": 1}')
+    assert "unreadable or invalid" in doctor.check_cdi(node()).message

@@ -340,6 +340,7 @@ def test_driver_files(built: Built) -> None:
         "runtime": {"path": t["runtime"]},
         "log": {"level": "debug", "file": t["log_file"]},
         "hook": {"path": str(REPO / ".venv/bin/gpuhook"), "ldconfig": "/sbin/ldconfig"},
+        "cdi": {"output": os.path.join(os.path.dirname(t["config"]), "cdi", "gpuhook-nvidia.json")},
     }
     assert os.path.isabs(t["runtime"])
     assert Path(t["state_dir"]).is_dir() and not os.listdir(t["state_dir"])

@@ -158,3 +158,28 @@ def test_main_exit_codes_and_streams() -> None:
         check=False,
     )
     assert bad.returncode == 2 and bad.stderr.startswith("usage:")
+
+
+def test_podman_default_runtime_is_found(tmp_path: Path) -> None:
+    podman = tmp_path / "containers.conf"
+    podman.write_text(
+        '[engine]\nruntime = "gpuhook"\n[engine.runtimes]\ngpuhook = ["/usr/bin/gpuhook-runtime"]\n'
+    )
+    found = m.findings(str(tmp_path / "d.json"), str(tmp_path / "c.toml"), str(podman))
+    assert [(f.engine, f.detail) for f in found] == [
+        ("podman", '[engine] runtime "gpuhook" -> /usr/bin/gpuhook-runtime')
+    ]
+    [line] = m.removal_warnings(found)
+    assert line.endswith(
+        "remove runtime from [engine] (podman's own default applies again) (this package does "
+        "not edit it)"
+    )
+
+
+def test_the_maintainer_scripts_run_this_module() -> None:
+    """postinst and prerm name the module by its path: a rename must not silence them."""
+    debian = Path(__file__).resolve().parents[2] / "packaging" / "deb" / "debian"
+    for script in ("gpuhook.postinst", "gpuhook.prerm"):
+        text = (debian / script).read_text()
+        assert "python3 -I -m gpuhook.engines.maintscript " in text, script
+        assert m.__name__ == "gpuhook.engines.maintscript"

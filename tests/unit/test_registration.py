@@ -242,7 +242,10 @@ def test_containerd_twice_changes_nothing_and_unconfigure_restores_the_file() ->
 def test_containerd_without_default() -> None:
     edit = r.containerd_configure(V2)
     assert at(tomllib.loads(edit.text), *CRI2, "default_runtime_name") == "runc"
-    assert edit.notes[-1].startswith("the default runtime stays runc:")
+    assert edit.notes[-2].startswith("the default runtime stays runc:")
+    assert edit.notes[-1] == (
+        "CDI: enable_cdi is off; gpuhook-runtime reads the cdi.k8s.io/* annotations"
+    )
     undone = r.containerd_unconfigure(edit.text)
     assert undone.text == V2 and undone.notes == ("removed CRI runtime gpuhook",)
 
@@ -501,3 +504,21 @@ def test_unified_diff_names_the_file() -> None:
 def test_the_example_daemon_json_is_what_configure_writes() -> None:
     example = Path(__file__).resolve().parents[2] / "config" / "daemon.json.example"
     assert r.docker_configure(None, set_default=True).text == example.read_text()
+
+
+def test_containerd_v3_notes_say_where_cdi_specs_must_be() -> None:
+    edit = r.containerd_configure(V3, set_default=True)
+    assert edit.notes[-1] == (
+        "CDI: enable_cdi is on: containerd injects cdi.k8s.io/* devices from the specs in "
+        "/etc/cdi, /var/run/cdi; gpuhook's spec (cdi.output, kept by gpuhook inventory refresh) "
+        "must be in one of them (gpuhook doctor checks)"
+    )
+    header = "[plugins.'io.containerd.cri.v1.runtime']\n"
+    assert header in V3
+    custom = V3.replace(header, header + "  cdi_spec_dirs = ['/srv/cdi']\n", 1)
+    edit = r.containerd_configure(custom, set_default=True)
+    assert "from the specs in /srv/cdi;" in edit.notes[-1]
+    data = tomllib.loads(edit.text)
+    assert data["plugins"]["io.containerd.cri.v1.runtime"]["cdi_spec_dirs"] == ["/srv/cdi"]
+    off = custom.replace("cdi_spec_dirs = ['/srv/cdi']", "enable_cdi = false")
+    assert r.containerd_configure(off).notes[-1].startswith("CDI: enable_cdi is off")

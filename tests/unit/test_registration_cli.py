@@ -188,8 +188,8 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         "--runtime-name", "runc",
     )  # fmt: skip
     assert (code, err) == (1, "gpuhook: runtime name 'runc' is reserved for runc itself\n")
-    code, _, err = gpuhook(capsys, "runtime", "configure", "--runtime", "podman")
-    assert code == 2 and "'podman' is not one of 'docker', 'containerd'" in err
+    code, _, err = gpuhook(capsys, "runtime", "configure", "--runtime", "crio")
+    assert code == 2 and "'crio' is not one of 'docker', 'containerd', 'podman'" in err
     assert not daemon.exists()
 
 

@@ -120,11 +120,14 @@ def inventory_group() -> None:
 @inventory_group.command("refresh")
 @pass_ctx
 def inventory_refresh(obj: Context) -> None:
-    """Query NVML, scan the driver root and write the inventory file."""
+    """Query NVML, scan the driver root and write the inventory file (and the CDI spec at
+    cdi.output when one is configured)."""
+    from gpuhook.engines import cdi
     from gpuhook.inventory import store
 
     config = obj.config()
     inv = store.refresh(config)
+    cdi.export(inv, config)
     migs = sum(len(g.mig_devices) for g in inv.gpus)
     mig_gpus = sum(1 for g in inv.gpus if g.mig_enabled)
     log.get_logger().info(
@@ -139,8 +142,78 @@ def inventory_refresh(obj: Context) -> None:
         f"{migs} MIG devices), driver {inv.driver_version}, {len(inv.libraries)} "
         f"libraries"
     )
+    if config.cdi_output:
+        click.echo(f"{config.cdi_output}: CDI spec (kind nvidia.com/gpu) regenerated")
     for warning in inv.warnings:
         click.echo(f"warning: {warning}", err=True)
+
+
+# --- cdi -----------------------------------------------------------------------------------------
+
+
+@main.group("cdi")
+def cdi_group() -> None:
+    """The inventory as a CDI spec (kind nvidia.com/gpu), for engines that resolve CDI."""
+
+
+@cdi_group.command("generate")
+@click.option(
+    "--output",
+    "path",
+    metavar="PATH",
+    help="Write the spec there atomically (default: print it). Engines read /etc/cdi and "
+    "/var/run/cdi.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "yaml"]),
+    default=None,
+    help="Default: yaml for a .yaml/.yml PATH, else json.",
+)
+@pass_ctx
+def cdi_generate(obj: Context, path: str | None, fmt: str | None) -> None:
+    """Build the CDI spec from the cached inventory and validate it against the CDI schema."""
+    from gpuhook.engines import cdi
+    from gpuhook.inventory import store
+
+    config = obj.config()
+    data = cdi.spec(store.load_current(config), config)
+    if path is None:
+        cdi.validate(data)
+        click.echo(cdi.render(data, fmt or "json").decode(), nl=False)
+        return
+    cdi.write(data, path, fmt)
+    click.echo(f"{path}: {len(data['devices'])} CDI devices of kind {cdi.KIND}", err=True)
+
+
+@cdi_group.command("list")
+@output_option
+@pass_ctx
+def cdi_list(obj: Context, output: str | None) -> None:
+    """The CDI device names the spec offers (nvidia.com/gpu=<name>) and what each one is."""
+    from gpuhook.cli.render import table
+    from gpuhook.engines import cdi
+    from gpuhook.inventory import store
+
+    config = obj.config()
+    rows = [
+        {
+            "name": f"{cdi.KIND}={name}",
+            "device": d.what,
+            "nodes": [n.path for n in d.edits.device_nodes],
+        }
+        for d in cdi.devices(store.load_current(config))
+        for name in d.names
+    ]
+    emit(
+        {"devices": rows},
+        output,
+        lambda view, _color: table(
+            ["NAME", "DEVICE", "NODES"],
+            [[r["name"], r["device"], ",".join(r["nodes"])] for r in view["devices"]],
+        ),
+    )
 
 
 # --- inspect -------------------------------------------------------------------------------------
@@ -225,7 +298,7 @@ def inspect_spec(
 
 @main.group("runtime")
 def runtime_group() -> None:
-    """Register gpuhook-runtime with docker or containerd."""
+    """Register gpuhook-runtime with docker, containerd or podman."""
 
 
 def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -234,7 +307,7 @@ def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--runtime",
                 "engine",
-                type=click.Choice(("docker", "containerd")),
+                type=click.Choice(("docker", "containerd", "podman")),
                 required=True,
                 help="The engine whose config to edit.",
             ),
@@ -243,7 +316,7 @@ def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 "engine_config",
                 metavar="PATH",
                 help="The engine's config (default: /etc/docker/daemon.json, "
-                "/etc/containerd/config.toml).",
+                "/etc/containerd/config.toml, /etc/containers/containers.conf).",
             ),
             click.option(
                 "--runtime-name", default="gpuhook", show_default=True, help="The runtime's name."
@@ -282,7 +355,8 @@ def runtime_configure(
     set_as_default: bool,
     runtime_path: str,
 ) -> None:
-    """Register gpuhook-runtime in docker's daemon.json or containerd's config.toml."""
+    """Register gpuhook-runtime in docker's daemon.json, containerd's config.toml or podman's
+    containers.conf."""
     from gpuhook.engines import configure
 
     plan = configure.plan(
@@ -325,7 +399,7 @@ def _report_plan(plan: Any, dry_run: bool, unchanged: str) -> None:
     from gpuhook.engines import configure
 
     main_path = plan.changes[0].path
-    restart = f"systemctl restart {plan.service}"
+    restart = f"systemctl restart {plan.service}" if plan.service else ""
     for note in plan.notes:
         click.echo(f"{plan.engine}: {note}")
     if not plan.changed:
@@ -333,11 +407,15 @@ def _report_plan(plan: Any, dry_run: bool, unchanged: str) -> None:
         return
     if dry_run:
         click.echo(configure.render_diff(plan), nl=False)
-        click.echo(f"dry run: nothing written (applying it needs: {restart})")
+        needs = f" (applying it needs: {restart})" if restart else ""
+        click.echo(f"dry run: nothing written{needs}")
         return
     for line in configure.apply(plan):
         click.echo(line)
-    click.echo(f"restart {plan.service} to apply: {restart}")
+    if restart:
+        click.echo(f"restart {plan.service} to apply: {restart}")
+    else:
+        click.echo(f"{plan.engine} reads {main_path} on every command: nothing to restart")
 
 
 # --- node (the DaemonSet's installer) -----------------------------------------------------------
@@ -623,13 +701,25 @@ def gc_command(obj: Context, dry_run: bool, grace: float, output: str | None) ->
     show_default=True,
     help="containerd's config.toml to check.",
 )
+@click.option(
+    "--podman-config",
+    metavar="PATH",
+    default="/etc/containers/containers.conf",
+    show_default=True,
+    help="podman's containers.conf to check.",
+)
 @pass_ctx
 def doctor_command(
-    obj: Context, output: str | None, docker_config: str, containerd_config: str
+    obj: Context,
+    output: str | None,
+    docker_config: str,
+    containerd_config: str,
+    podman_config: str,
 ) -> None:
     """Check the node: config, inventory, device nodes, driver libraries, the low-level runtime,
-    the hook, docker/containerd registration, MPS, state and log folders, the kubelet
-    checkpoint. One line per check, with the fix for each failure; exit 1 when any fails."""
+    the hook, docker/containerd/podman registration, the CDI spec, MPS, state and log folders,
+    the kubelet checkpoint. One line per check, with the fix for each failure; exit 1 when any
+    fails."""
     from gpuhook.cli import doctor, tables
     from gpuhook.errors import ChecksFailedError, ConfigError
 
@@ -638,7 +728,10 @@ def doctor_command(
     except ConfigError:
         pass
     node = doctor.Node(
-        obj.config_file, docker_config=docker_config, containerd_config=containerd_config
+        obj.config_file,
+        docker_config=docker_config,
+        containerd_config=containerd_config,
+        podman_config=podman_config,
     )
     results = doctor.run(node)
     view = doctor.view(results)

@@ -68,12 +68,14 @@ class Node:
         *,
         docker_config: str = readers.DEFAULT_PATHS[readers.DOCKER],
         containerd_config: str = readers.DEFAULT_PATHS[readers.CONTAINERD],
+        podman_config: str = readers.DEFAULT_PATHS[readers.PODMAN],
         now: float | None = None,
     ) -> None:
         self.config_file = config_file
         self.engine_paths = {
             readers.DOCKER: docker_config,
             readers.CONTAINERD: containerd_config,
+            readers.PODMAN: podman_config,
         }
         self.now = time.time() if now is None else now
         self.config: Config | None = None
@@ -463,21 +465,23 @@ def check_hook(node: Node) -> Result:
     )
 
 
+_DAEMON = {readers.DOCKER: "dockerd", readers.CONTAINERD: "containerd", readers.PODMAN: "podman"}
+
+
 def _engine_result(node: Node, engine: str) -> Result:
     reg = node.engine(engine)
-    service = engine
-    configure = (
-        f"gpuhook runtime configure --runtime {engine} --set-as-default, then: "
-        f"systemctl restart {service}"
-    )
-    daemon = "dockerd" if engine == readers.DOCKER else "containerd"
+    configure = f"gpuhook runtime configure --runtime {engine} --set-as-default"
+    if engine != readers.PODMAN:  # podman reads containers.conf on every command
+        configure += f", then: systemctl restart {engine}"
+    daemon = _DAEMON[engine]
     if not reg.exists:
         if config_mod.which(daemon):
             return Result(
                 engine,
                 WARN,
                 f"{daemon} is installed but {reg.path} does not exist: {engine} runs its "
-                "containers with runc, not gpuhook",
+                f"containers with {'its default runtime' if engine == 'podman' else 'runc'}, "
+                "not gpuhook",
                 configure,
             )
         return Result(engine, SKIP, f"not installed ({reg.path} not found)")
@@ -529,10 +533,15 @@ def check_containerd(node: Node) -> Result:
     return _engine_result(node, readers.CONTAINERD)
 
 
+@register("podman", needs_config=False)
+def check_podman(node: Node) -> Result:
+    return _engine_result(node, readers.PODMAN)
+
+
 @register("engines", needs_config=False)
 def check_engines(node: Node) -> list[Result]:
-    """Only speaks when nothing registers gpuhook and neither engine check failed already."""
-    regs = [node.engine(e) for e in (readers.DOCKER, readers.CONTAINERD)]
+    """Only speaks when nothing registers gpuhook and no engine check failed already."""
+    regs = [node.engine(e) for e in readers.ENGINES]
     if any(r.gpuhook_runtimes for r in regs):
         return []
     if any(r.exists and (r.error or not r.gpuhook_runtimes) for r in regs):
@@ -541,11 +550,83 @@ def check_engines(node: Node) -> list[Result]:
         Result(
             "engines",
             FAIL,
-            "gpuhook-runtime is registered with neither docker nor containerd: no container "
-            "goes through gpuhook",
-            "gpuhook runtime configure --runtime docker|containerd --set-as-default",
+            "gpuhook-runtime is registered with neither docker, containerd nor podman: no "
+            "container goes through gpuhook",
+            "gpuhook runtime configure --runtime docker|containerd|podman --set-as-default",
         )
     ]
+
+
+@register("cdi")
+def check_cdi(node: Node) -> Result:
+    """The CDI spec at ``cdi.output``: there, valid, and naming the inventory's devices."""
+    config = node.need_config()
+    path = config.cdi_output
+    if not path:
+        return Result("cdi", SKIP, "cdi.output is empty: gpuhook keeps no CDI spec")
+    inventory = node.inventory()
+    if inventory is None:
+        return Result("cdi", SKIP, "no inventory: the CDI spec cannot be compared with it")
+    fix = "gpuhook inventory refresh"
+    problem = _cdi_problem(path, inventory, config)
+    if problem:
+        return Result("cdi", WARN, f"{path}: {problem}", fix)
+    return Result("cdi", PASS, f"{path}: a valid CDI spec of the inventory's devices")
+
+
+def _cdi_problem(path: str, inventory: Inventory, config: Config) -> str:
+    """Why the spec at ``path`` is not the inventory's (missing, invalid, stale); "" if it is."""
+    from gpuhook.engines import cdi
+    from gpuhook.errors import CdiError
+
+    try:
+        written = cdi.load(path)
+        cdi.validate(written)
+    except FileNotFoundError:
+        return (
+            "does not exist: engines that resolve CDI devices themselves (podman, CRI-O, "
+            "containerd with enable_cdi) cannot inject nvidia.com/gpu devices"
+        )
+    except (OSError, ValueError, CdiError) as exc:
+        return f"unreadable or invalid ({exc})"
+    if written.get("devices") != cdi.spec(inventory, config)["devices"]:
+        return "names other devices than the inventory (stale)"
+    return ""
+
+
+@register("engine cdi", needs_config=True)
+def check_engine_cdi(node: Node) -> list[Result]:
+    """Engines that resolve CDI themselves must find gpuhook's spec in their spec folders."""
+    config = node.need_config()
+    results = []
+    for engine in (readers.CONTAINERD, readers.PODMAN):
+        reg = node.engine(engine)
+        if reg.error or not reg.cdi or not (reg.exists or config_mod.which(_DAEMON[engine])):
+            continue
+        folders = ", ".join(reg.cdi_dirs) or "(none)"
+        output = config.cdi_output
+        if output and os.path.isfile(output) and _in_folders(output, reg.cdi_dirs):
+            results.append(
+                Result("engine cdi", PASS, f"{engine} reads gpuhook's CDI spec {output}")
+            )
+            continue
+        results.append(
+            Result(
+                "engine cdi",
+                WARN,
+                f"{engine} resolves CDI devices from {folders}, but gpuhook's spec is not there "
+                f"(cdi.output: {output or 'empty'}): its containers that ask for nvidia.com/gpu "
+                "CDI devices fail to start",
+                f"set cdi.output to a file in {reg.cdi_dirs[0] if reg.cdi_dirs else '/etc/cdi'} "
+                f"in {config.source}, then: gpuhook inventory refresh",
+            )
+        )
+    return results
+
+
+def _in_folders(path: str, folders: tuple[str, ...]) -> bool:
+    parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    return any(os.path.realpath(f) == parent for f in folders)
 
 
 @register("mps")

@@ -411,6 +411,7 @@ def _edit_rows(edits: dict[str, Any] | None) -> list[list[str]]:
     rows += [["hook", f"{h['hookName']}: {' '.join(h['args'])}"] for h in edits["hooks"]]
     rows += [["remove hook", h] for h in edits.get("removeHooks", [])]
     rows += [["replace mount", m] for m in edits.get("replaceMounts", [])]
+    rows += [["engine injected", u] for u in edits.get("engineInjected", [])]
     return rows
 
 

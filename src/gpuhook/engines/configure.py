@@ -105,6 +105,41 @@ def containerd_major(binary: str = "containerd") -> int:
     return int(major) if major.isdigit() else 1
 
 
+class _Request(Frozen):
+    """What one ``runtime configure|unconfigure`` asks for, paths made absolute."""
+
+    __slots__ = ("action", "drop_in", "engine", "name", "path", "runtime_path", "set_default")
+    engine: str
+    action: str
+    path: str
+    name: str
+    runtime_path: str
+    set_default: bool
+    drop_in: str | None
+
+    def __init__(
+        self,
+        *,
+        engine: str,
+        action: str,
+        path: str,
+        name: str,
+        runtime_path: str,
+        set_default: bool,
+        drop_in: str | None,
+    ) -> None:
+        _init(
+            self,
+            engine=engine,
+            action=action,
+            path=path,
+            name=name,
+            runtime_path=runtime_path,
+            set_default=set_default,
+            drop_in=drop_in,
+        )
+
+
 def plan(
     engine: str,
     action: str,
@@ -117,7 +152,7 @@ def plan(
     new_version: Callable[[], int] | None = None,
 ) -> Plan:
     if engine not in registration.ENGINES:
-        raise UsageError(f"unknown runtime {engine!r} (docker or containerd)")
+        raise UsageError(f"unknown runtime {engine!r} (docker, containerd or podman)")
     path = os.path.abspath(config_path or registration.DEFAULT_CONFIG[engine])
     if action == CONFIGURE and not runtime_path.startswith("/"):
         raise UsageError(f"--runtime-path {runtime_path!r}: give an absolute path")
@@ -127,66 +162,111 @@ def plan(
         drop_in = os.path.abspath(drop_in)
         if drop_in == path:
             raise UsageError("--drop-in: must be another file than --config")
+    req = _Request(
+        engine=engine,
+        action=action,
+        path=path,
+        name=name,
+        runtime_path=runtime_path,
+        set_default=set_default,
+        drop_in=drop_in,
+    )
     before = read_text(path)
-    service = registration.SERVICE[engine]
-
-    def version() -> int:
-        major = (new_version or containerd_major)()
-        return 3 if major >= 2 else 2
-
     if engine == registration.DOCKER:
-        if action == CONFIGURE:
-            edit = registration.docker_configure(
-                before, name=name, runtime_path=runtime_path, set_default=set_default, source=path
-            )
-        else:
-            edit = registration.docker_unconfigure(before, name=name, source=path)
-        return Plan(engine, action, (_change(path, before, edit),), edit.notes, service)
-
+        return _single(req, before, _docker_edit(req, before))
+    if engine == registration.PODMAN:
+        return _single(req, before, _podman_edit(req, before))
+    version = _version(before, new_version)
     if drop_in is None:
-        if action == CONFIGURE:
-            edit = registration.containerd_configure(
-                before,
-                name=name,
-                runtime_path=runtime_path,
-                set_default=set_default,
-                source=path,
-                new_version=version() if not (before or "").strip() else 2,
-            )
-        else:
-            edit = registration.containerd_unconfigure(before, name=name, source=path)
-        return Plan(engine, action, (_change(path, before, edit),), edit.notes, service)
-
-    dropin_before = read_text(drop_in)
+        return _single(req, before, _containerd_edit(req, before, version))
     if action == CONFIGURE:
-        main_edit, dropin_edit = registration.containerd_dropin(
+        return _dropin_configure(req, drop_in, before, version)
+    return _dropin_unconfigure(req, drop_in, before)
+
+
+def _version(before: str | None, new_version: Callable[[], int] | None) -> int:
+    """The config version of a new containerd file: 3 for containerd 2.x, else 2."""
+    if (before or "").strip():
+        return 2
+    return 3 if (new_version or containerd_major)() >= 2 else 2
+
+
+def _single(req: _Request, before: str | None, edit: registration.Edit) -> Plan:
+    service = registration.SERVICE[req.engine]
+    return Plan(req.engine, req.action, (_change(req.path, before, edit),), edit.notes, service)
+
+
+def _docker_edit(req: _Request, before: str | None) -> registration.Edit:
+    if req.action == CONFIGURE:
+        return registration.docker_configure(
             before,
-            dropin_before,
-            name=name,
-            runtime_path=runtime_path,
-            set_default=set_default,
-            source=path,
-            dropin_source=drop_in,
-            new_version=version() if not (before or "").strip() else 2,
+            name=req.name,
+            runtime_path=req.runtime_path,
+            set_default=req.set_default,
+            source=req.path,
         )
-        changes = (_change(path, before, main_edit), _change(drop_in, dropin_before, dropin_edit))
-        notes = tuple(f"{path}: {n}" for n in main_edit.notes) + tuple(
-            f"{drop_in}: {n}" for n in dropin_edit.notes
+    return registration.docker_unconfigure(before, name=req.name, source=req.path)
+
+
+def _podman_edit(req: _Request, before: str | None) -> registration.Edit:
+    if req.action == CONFIGURE:
+        return registration.podman_configure(
+            before,
+            name=req.name,
+            runtime_path=req.runtime_path,
+            set_default=req.set_default,
+            source=req.path,
         )
-        return Plan(engine, action, changes, notes, service)
+    return registration.podman_unconfigure(before, name=req.name, source=req.path)
+
+
+def _containerd_edit(req: _Request, before: str | None, version: int) -> registration.Edit:
+    if req.action == CONFIGURE:
+        return registration.containerd_configure(
+            before,
+            name=req.name,
+            runtime_path=req.runtime_path,
+            set_default=req.set_default,
+            source=req.path,
+            new_version=version,
+        )
+    return registration.containerd_unconfigure(before, name=req.name, source=req.path)
+
+
+def _dropin_configure(req: _Request, drop_in: str, before: str | None, version: int) -> Plan:
+    dropin_before = read_text(drop_in)
+    main_edit, dropin_edit = registration.containerd_dropin(
+        before,
+        dropin_before,
+        name=req.name,
+        runtime_path=req.runtime_path,
+        set_default=req.set_default,
+        source=req.path,
+        dropin_source=drop_in,
+        new_version=version,
+    )
+    changes = (_change(req.path, before, main_edit), _change(drop_in, dropin_before, dropin_edit))
+    notes = tuple(f"{req.path}: {n}" for n in main_edit.notes) + tuple(
+        f"{drop_in}: {n}" for n in dropin_edit.notes
+    )
+    return Plan(req.engine, req.action, changes, notes, registration.SERVICE[req.engine])
+
+
+def _dropin_unconfigure(req: _Request, drop_in: str, before: str | None) -> Plan:
+    dropin_before = read_text(drop_in)
     main_notes: tuple[str, ...] = ()
-    main_change = FileChange(path, before, before)
+    main_change = FileChange(req.path, before, before)
     if before is not None and before.strip():
-        main_edit = registration.containerd_remove_import(before, drop_in, source=path)
-        main_change = _change(path, before, main_edit)
-        main_notes = tuple(f"{path}: {n}" for n in main_edit.notes)
+        main_edit = registration.containerd_remove_import(before, drop_in, source=req.path)
+        main_change = _change(req.path, before, main_edit)
+        main_notes = tuple(f"{req.path}: {n}" for n in main_edit.notes)
     dropin_notes = (f"removed {drop_in}",) if dropin_before is not None else ()
     return Plan(
-        engine,
-        action,
+        req.engine,
+        req.action,
         (main_change, FileChange(drop_in, dropin_before, None)),
         main_notes + dropin_notes,
-        service,
+        registration.SERVICE[req.engine],
     )
 
 

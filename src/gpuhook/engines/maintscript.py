@@ -22,10 +22,22 @@ from gpuhook.engines import readers
 
 DOCKER_CONFIG = readers.DEFAULT_PATHS[readers.DOCKER]
 CONTAINERD_CONFIG = readers.DEFAULT_PATHS[readers.CONTAINERD]
+PODMAN_CONFIG = readers.DEFAULT_PATHS[readers.PODMAN]
 CONFIGURE_COMMANDS = (
     "gpuhook runtime configure --runtime docker --set-as-default",
     "gpuhook runtime configure --runtime containerd --set-as-default",
+    "gpuhook runtime configure --runtime podman --set-as-default",
 )
+DEFAULT_KEY = {
+    readers.DOCKER: "default-runtime",
+    readers.CONTAINERD: "default_runtime_name",
+    readers.PODMAN: "[engine] runtime",
+}
+FIX = {
+    readers.DOCKER: 'remove "default-runtime" (or set it to "runc") and restart docker',
+    readers.CONTAINERD: 'set default_runtime_name back to "runc" and restart containerd',
+    readers.PODMAN: "remove runtime from [engine] (podman's own default applies again)",
+}
 
 
 class Finding:
@@ -49,12 +61,14 @@ def default_detail(reg: readers.Registration) -> str:
     binary = reg.runtimes.get(name, "")
     if "gpuhook" not in name and "gpuhook" not in os.path.basename(binary):
         return ""
-    key = "default-runtime" if reg.engine == readers.DOCKER else "default_runtime_name"
+    key = DEFAULT_KEY[reg.engine]
     return f'{key} "{name}"' + (f" -> {binary}" if binary else "")
 
 
 def findings(
-    docker_config: str = DOCKER_CONFIG, containerd_config: str = CONTAINERD_CONFIG
+    docker_config: str = DOCKER_CONFIG,
+    containerd_config: str = CONTAINERD_CONFIG,
+    podman_config: str = PODMAN_CONFIG,
 ) -> list[Finding]:
     """Each engine config (containerd's with the files its ``imports`` name, as containerd reads
     them) that makes gpuhook the default runtime, or that cannot be read."""
@@ -62,6 +76,7 @@ def findings(
     for engine, path in (
         (readers.DOCKER, docker_config),
         (readers.CONTAINERD, containerd_config),
+        (readers.PODMAN, podman_config),
     ):
         reg = readers.read(engine, path)
         if reg.error:
@@ -80,11 +95,7 @@ def removal_warnings(found: list[Finding]) -> list[str]:
                 f"{f.engine} does not use gpuhook as its default runtime"
             )
             continue
-        fix = (
-            'remove "default-runtime" (or set it to "runc") and restart docker'
-            if f.engine == "docker"
-            else 'set default_runtime_name back to "runc" and restart containerd'
-        )
+        fix = FIX[f.engine]
         lines.append(
             f"gpuhook: WARNING: {f.path} still makes gpuhook the default runtime of {f.engine} "
             f"({f.detail}); without gpuhook every {f.engine} container will fail to start: "

@@ -8,9 +8,14 @@ containerd: ``/etc/containerd/config.toml``, config version 2 (containerd 1.x, C
 ``<plugin>.containerd.runtimes.<name>.options.BinaryName`` and
 ``<plugin>.containerd.default_runtime_name`` (runc when absent), including the files named by
 ``imports`` (version 2 replaces a whole plugin section with an imported one, version 3 merges
-key by key).
+key by key); and the CRI plugin's CDI settings, ``enable_cdi`` (off by default in containerd
+1.7, on in 2.x) and ``cdi_spec_dirs`` (default ``/etc/cdi``, ``/var/run/cdi``), which sit in the
+same plugin table as ``containerd``.
+podman: ``/etc/containers/containers.conf``, ``engine.runtimes.<name>`` (a list of paths tried in
+order) and ``engine.runtime`` (podman's own default, crun or runc, when absent); podman 4.x reads
+CDI specs from ``/etc/cdi`` and ``/var/run/cdi``.
 
-All the reading of these two formats lives here, so that it can later share its parsing with
+All the reading of these formats lives here, so that it can later share its parsing with
 the module that writes them (``gpuhook runtime configure``).
 """
 
@@ -24,7 +29,14 @@ if TYPE_CHECKING:
 
 DOCKER = "docker"
 CONTAINERD = "containerd"
-DEFAULT_PATHS = {DOCKER: "/etc/docker/daemon.json", CONTAINERD: "/etc/containerd/config.toml"}
+PODMAN = "podman"
+ENGINES = (DOCKER, CONTAINERD, PODMAN)
+DEFAULT_PATHS = {
+    DOCKER: "/etc/docker/daemon.json",
+    CONTAINERD: "/etc/containerd/config.toml",
+    PODMAN: "/etc/containers/containers.conf",
+}
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 RUNTIME_BASENAME = "gpuhook-runtime"
 CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 MAX_BYTES = 4 * 1024 * 1024
@@ -35,7 +47,8 @@ class Registration:
 
     ``runtimes``: every runtime name with the executable it runs ("" when none is named);
     ``default``: the default runtime's name; ``error``: a one-line reason the file could not
-    be read ("" when it could); ``exists``: whether the file exists at all.
+    be read ("" when it could); ``exists``: whether the file exists at all. ``cdi``: whether the
+    engine resolves CDI devices itself, and ``cdi_dirs`` the folders it reads specs from.
     """
 
     def __init__(
@@ -47,8 +60,12 @@ class Registration:
         default: str = "runc",
         error: str = "",
         version: int | None = None,
+        cdi: bool = False,
+        cdi_dirs: tuple[str, ...] = (),
     ) -> None:
         self.engine = engine
+        self.cdi = cdi
+        self.cdi_dirs = cdi_dirs
         self.path = path
         self.exists = exists
         self.runtimes = runtimes or {}
@@ -177,11 +194,11 @@ def read_containerd(path: str) -> Registration:
     error = _imports(doc, path, version)
     if error:
         return Registration(CONTAINERD, path, True, error=error, version=version)
-    section: Any = doc
-    for key in ("plugins", CRI_PLUGIN[version], "containerd"):
-        section = section.get(key) if isinstance(section, dict) else None
-    if section is None:
-        section = {}
+    plugin: Any = doc
+    for key in ("plugins", CRI_PLUGIN[version]):
+        plugin = plugin.get(key) if isinstance(plugin, dict) else None
+    plugin = plugin if plugin is not None else {}
+    section = plugin.get("containerd", {}) if isinstance(plugin, dict) else None
     if not isinstance(section, dict):
         return Registration(
             CONTAINERD, path, True, error="the CRI containerd section is not a table"
@@ -194,8 +211,48 @@ def read_containerd(path: str) -> Registration:
             binary = options.get("BinaryName") if isinstance(options, dict) else ""
             runtimes[str(name)] = binary if isinstance(binary, str) else ""
     default = section.get("default_runtime_name") or "runc"
-    return Registration(CONTAINERD, path, True, runtimes, str(default), version=version)
+    cdi, dirs = _containerd_cdi(plugin, version)
+    return Registration(
+        CONTAINERD, path, True, runtimes, str(default), version=version, cdi=cdi, cdi_dirs=dirs
+    )
+
+
+def _containerd_cdi(plugin: dict[str, Any], version: int) -> tuple[bool, tuple[str, ...]]:
+    """``enable_cdi`` (default: on in containerd 2.x's version 3, off in 1.7's version 2) and
+    ``cdi_spec_dirs`` of the CRI plugin table."""
+    enabled = plugin.get("enable_cdi", version == 3)
+    dirs = plugin.get("cdi_spec_dirs", list(CDI_SPEC_DIRS))
+    if not isinstance(dirs, list):
+        dirs = []
+    return enabled is True, tuple(d for d in dirs if isinstance(d, str))
+
+
+def read_podman(path: str) -> Registration:
+    data, error = _read(path)
+    if data is None:
+        return Registration(
+            PODMAN, path, bool(error), error=error, cdi=True, cdi_dirs=CDI_SPEC_DIRS
+        )
+    try:
+        doc = _load_toml(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return Registration(PODMAN, path, True, error=f"not valid TOML: {exc}")
+    engine = doc.get("engine", {})
+    raw = engine.get("runtimes", {}) if isinstance(engine, dict) else None
+    if not isinstance(raw, dict):
+        return Registration(PODMAN, path, True, error="'engine.runtimes' is not a table")
+    runtimes: dict[str, str] = {}
+    for name, paths in raw.items():
+        listed = [p for p in paths if isinstance(p, str)] if isinstance(paths, list) else []
+        ours = [p for p in listed if os.path.basename(p) == RUNTIME_BASENAME]
+        runtimes[str(name)] = (ours or listed or [""])[0]
+    default = engine.get("runtime") or "crun"
+    return Registration(
+        PODMAN, path, True, runtimes, str(default), cdi=True, cdi_dirs=CDI_SPEC_DIRS
+    )
 
 
 def read(engine: str, path: str) -> Registration:
+    if engine == PODMAN:
+        return read_podman(path)
     return read_docker(path) if engine == DOCKER else read_containerd(path)

@@ -101,16 +101,27 @@ class ContainerEdits(Frozen):
     gpuhook's two additions: ``remove_hooks``, basenames of prestart hook executables to drop
     (docker's ``nvidia-container-runtime-hook`` for ``--gpus``, whose work gpuhook has done), and
     ``replace_mounts``, destinations whose existing spec mounts give way to gpuhook's mount there
-    (the container's own ``/dev/shm`` when the MPS shm is mounted instead).
+    (the container's own ``/dev/shm`` when the MPS shm is mounted instead). ``engine_injected``
+    is no edit but a note for the record: the UUIDs of the granted devices whose nodes the engine
+    had already put into the spec (from gpuhook's CDI spec), so none of it was added again.
     """
 
-    __slots__ = ("device_nodes", "env", "hooks", "mounts", "remove_hooks", "replace_mounts")
+    __slots__ = (
+        "device_nodes",
+        "engine_injected",
+        "env",
+        "hooks",
+        "mounts",
+        "remove_hooks",
+        "replace_mounts",
+    )
     env: tuple[str, ...]
     device_nodes: tuple[DeviceNode, ...]
     mounts: tuple[Mount, ...]
     hooks: tuple[Hook, ...]
     remove_hooks: tuple[str, ...]
     replace_mounts: tuple[str, ...]
+    engine_injected: tuple[str, ...]
 
     def __init__(
         self,
@@ -120,6 +131,7 @@ class ContainerEdits(Frozen):
         hooks: tuple[Hook, ...] = (),
         remove_hooks: tuple[str, ...] = (),
         replace_mounts: tuple[str, ...] = (),
+        engine_injected: tuple[str, ...] = (),
     ) -> None:
         _init(
             self,
@@ -129,6 +141,7 @@ class ContainerEdits(Frozen):
             hooks=tuple(hooks),
             remove_hooks=tuple(remove_hooks),
             replace_mounts=tuple(replace_mounts),
+            engine_injected=tuple(engine_injected),
         )
 
     def is_empty(self) -> bool:
@@ -165,4 +178,6 @@ class ContainerEdits(Frozen):
             out["removeHooks"] = list(self.remove_hooks)
         if self.replace_mounts:
             out["replaceMounts"] = list(self.replace_mounts)
+        if self.engine_injected:
+            out["engineInjected"] = list(self.engine_injected)
         return out

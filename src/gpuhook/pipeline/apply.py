@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuhook.model.edits import ContainerEdits
+    from gpuhook.model.inventory import DeviceNode
 
 
 def validate(edits: ContainerEdits) -> None:
@@ -94,64 +95,9 @@ def apply(spec: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
         for entry in edits.env:
             _set_env(env, entry)
     if edits.device_nodes:
-        linux = _obj(out, "linux")
-        devices = _list(linux, "devices")
-        rules = _list(_obj(linux, "resources"), "devices")
-        existing = {d["path"] for d in devices if isinstance(d, dict) and _is_str(d.get("path"))}
-        for node in edits.device_nodes:
-            if node.path in existing:
-                continue
-            existing.add(node.path)
-            devices.append(
-                {
-                    "path": node.path,
-                    "type": node.type,
-                    "major": node.major,
-                    "minor": node.minor,
-                    "fileMode": node.mode,
-                    "uid": 0,
-                    "gid": 0,
-                }
-            )
-            rule = {
-                "allow": True,
-                "type": node.type,
-                "major": node.major,
-                "minor": node.minor,
-                "access": "rwm",
-            }
-            if rule not in rules:
-                rules.append(rule)
+        _add_device_nodes(_obj(out, "linux"), edits.device_nodes)
     if edits.mounts:
-        mounts = _list(out, "mounts")
-        if edits.replace_mounts:
-            ours = {m.container_path for m in edits.mounts}
-            mounts[:] = [
-                m
-                for m in mounts
-                if not (
-                    isinstance(m, dict)
-                    and m.get("destination") in edits.replace_mounts
-                    and m.get("destination") in ours
-                )
-            ]
-        taken = {
-            m["destination"]
-            for m in mounts
-            if isinstance(m, dict) and _is_str(m.get("destination"))
-        }
-        for mount in edits.mounts:
-            if mount.container_path in taken:
-                continue
-            taken.add(mount.container_path)
-            mounts.append(
-                {
-                    "destination": mount.container_path,
-                    "type": mount.type,
-                    "source": mount.host_path,
-                    "options": list(mount.options),
-                }
-            )
+        _add_mounts(_list(out, "mounts"), edits)
     if edits.hooks:
         hooks = _obj(out, "hooks")
         for hook in edits.hooks:
@@ -160,18 +106,83 @@ def apply(spec: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
             if oci not in entries:
                 entries.append(oci)
     if edits.remove_hooks and isinstance(out.get("hooks"), dict):
-        prestart = out["hooks"].get("prestart")
-        if isinstance(prestart, list):
-            out["hooks"]["prestart"] = [
-                h
-                for h in prestart
-                if not (
-                    isinstance(h, dict)
-                    and isinstance(h.get("path"), str)
-                    and h["path"].rsplit("/", 1)[-1] in edits.remove_hooks
-                )
-            ]
+        _remove_prestart_hooks(out["hooks"], edits.remove_hooks)
     return out
+
+
+def _add_device_nodes(linux: dict[str, Any], nodes: tuple[DeviceNode, ...]) -> None:
+    """Each node not already at its path, with its cgroup allow rule."""
+    devices = _list(linux, "devices")
+    rules = _list(_obj(linux, "resources"), "devices")
+    existing = {d["path"] for d in devices if isinstance(d, dict) and _is_str(d.get("path"))}
+    for node in nodes:
+        if node.path in existing:
+            continue
+        existing.add(node.path)
+        devices.append(
+            {
+                "path": node.path,
+                "type": node.type,
+                "major": node.major,
+                "minor": node.minor,
+                "fileMode": node.mode,
+                "uid": 0,
+                "gid": 0,
+            }
+        )
+        rule = {
+            "allow": True,
+            "type": node.type,
+            "major": node.major,
+            "minor": node.minor,
+            "access": "rwm",
+        }
+        if rule not in rules:
+            rules.append(rule)
+
+
+def _add_mounts(mounts: list[Any], edits: ContainerEdits) -> None:
+    """Each mount whose destination is free (after dropping those ``replace_mounts`` names)."""
+    if edits.replace_mounts:
+        ours = {m.container_path for m in edits.mounts}
+        mounts[:] = [
+            m
+            for m in mounts
+            if not (
+                isinstance(m, dict)
+                and m.get("destination") in edits.replace_mounts
+                and m.get("destination") in ours
+            )
+        ]
+    taken = {
+        m["destination"] for m in mounts if isinstance(m, dict) and _is_str(m.get("destination"))
+    }
+    for mount in edits.mounts:
+        if mount.container_path in taken:
+            continue
+        taken.add(mount.container_path)
+        mounts.append(
+            {
+                "destination": mount.container_path,
+                "type": mount.type,
+                "source": mount.host_path,
+                "options": list(mount.options),
+            }
+        )
+
+
+def _remove_prestart_hooks(hooks: dict[str, Any], basenames: tuple[str, ...]) -> None:
+    prestart = hooks.get("prestart")
+    if isinstance(prestart, list):
+        hooks["prestart"] = [
+            h
+            for h in prestart
+            if not (
+                isinstance(h, dict)
+                and isinstance(h.get("path"), str)
+                and h["path"].rsplit("/", 1)[-1] in basenames
+            )
+        ]
 
 
 def _is_str(value: Any) -> bool:

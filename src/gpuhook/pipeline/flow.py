@@ -113,6 +113,7 @@ def run(
             request.has_prestart_hook(spec),  # removed whatever the decision (hooks.d puts it
             mps_plan,  # into every container; run, it would act on the image's env)
             rootfs,
+            spec,
         )
     except inject.MissingDevice as exc:
         raise RequestError(str(exc)) from None

@@ -20,14 +20,18 @@ from gpuhook.pipeline.request import DOCKER_HOOK, ENV_CAPS, ENV_VISIBLE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
     from gpuhook.config import Config
-    from gpuhook.model.decision import Decision
-    from gpuhook.model.inventory import DeviceNode, Inventory
+    from gpuhook.model.decision import Decision, DeviceRef
+    from gpuhook.model.inventory import DeviceNode, Gpu, Inventory
     from gpuhook.pipeline.sharing import MpsPlan
 
 RO_BIND = ("ro", "nosuid", "nodev", "bind")
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 HOOK_TIMEOUT_S = 30
+LDCACHE_VERB = "update-ldcache"
 
 
 class MissingDevice(Exception):
@@ -56,19 +60,39 @@ def edits_for(
     docker_hook: bool = False,
     mps: MpsPlan | None = None,
     rootfs: str = "",
+    spec: Mapping[str, Any] | None = None,
 ) -> ContainerEdits:
     """The edits for a decision. ``inventory`` may be None when nothing is injected. ``mps``:
     the MPS plan of a container granted MPS-shared GPUs (pipe directory, env, shm). ``rootfs``:
-    the container's absolute rootfs, given to the ld.so.cache hook when known."""
+    the container's absolute rootfs, given to the ld.so.cache hook when known. ``spec``: the
+    container's spec; what the engine already put there (from gpuhook's CDI spec) is not added
+    a second time, and the granted devices whose nodes it holds are named in ``engine_injected``."""
     visible = visible_value(decision)
     env = [f"{ENV_VISIBLE}={visible}"] if visible is not None else []
     remove = (DOCKER_HOOK,) if docker_hook else ()
     if not decision.injects or inventory is None:
         return ContainerEdits(env=tuple(env), remove_hooks=remove)
     env.append(f"{ENV_CAPS}={','.join(decision.capabilities)}")
-    caps = set(decision.capabilities)
+    caps = frozenset(decision.capabilities)
+    nodes = _unique_nodes([*inventory.control_nodes, *granted_nodes(decision, inventory, config)])
+    mounts, folders = library_mounts(inventory, config, caps)
+    mounts += file_mounts(inventory, config, caps)
+    hooks = [ldcache_hook(config, folders, rootfs)] if folders else []
+    edits = ContainerEdits(
+        env=tuple(env) + (mps.env() if mps is not None else ()),
+        device_nodes=tuple(nodes),
+        mounts=tuple(mounts) + (mps.mounts() if mps is not None else ()),
+        hooks=tuple(hooks),
+        remove_hooks=remove,
+        replace_mounts=mps.replace_mounts() if mps is not None else (),
+    )
+    return edits if spec is None else without_present(edits, decision, inventory, spec)
 
-    nodes: list[DeviceNode] = list(inventory.control_nodes)
+
+def granted_nodes(decision: Decision, inventory: Inventory, config: Config) -> list[DeviceNode]:
+    """The device nodes of the granted devices (a MIG device: its GPU's node and caps nodes).
+    Raises :class:`MissingDevice`."""
+    nodes: list[DeviceNode] = []
     by_index = {g.index: g for g in inventory.gpus}
     for ref in decision.devices:
         gpu = by_index.get(ref.gpu_index)
@@ -86,21 +110,19 @@ def edits_for(
                     f"{ref.display_id} ({ref.uuid}) are missing"
                 )
             nodes.extend(mig.caps)
-    nodes = _unique_nodes(nodes)
+    return nodes
 
-    mounts: list[Mount] = []
+
+def library_mounts(
+    inventory: Inventory, config: Config, caps: frozenset[str]
+) -> tuple[list[Mount], list[str]]:
+    """The tmpfs folders and read-only binds of the driver libraries of ``caps``, and the
+    folders that got libraries (for the ld.so.cache hook)."""
     lib_dir = config.lib_dir.rstrip("/") or "/"
-    libs64 = [
-        lib
-        for lib in inventory.libraries
-        if lib.capability in caps and lib.capability != "compat32"
-    ]
-    libs32 = (
-        [lib for lib in inventory.libraries if lib.capability == "compat32"]
-        if "compat32" in caps
-        else []
-    )
-    folders = []
+    libs64 = [x for x in inventory.libraries if x.capability in caps and x.capability != "compat32"]
+    libs32 = [x for x in inventory.libraries if x.capability == "compat32" and "compat32" in caps]
+    mounts: list[Mount] = []
+    folders: list[str] = []
     for folder, libs in ((lib_dir, libs64), (compat32_dir(lib_dir), libs32)):
         if not libs:
             continue
@@ -108,59 +130,115 @@ def edits_for(
         mounts.append(Mount("tmpfs", folder, "tmpfs", ("nosuid", "nodev", "mode=755")))
         for lib in sorted(libs, key=lambda x: x.name):
             names = [lib.name] if lib.soname == lib.name else [lib.name, lib.soname]
-            for name in names:
-                mounts.append(Mount(lib.path, f"{folder}/{name}", "bind", RO_BIND))
+            mounts += [Mount(lib.path, f"{folder}/{name}", "bind", RO_BIND) for name in names]
+    return mounts, folders
+
+
+def file_mounts(inventory: Inventory, config: Config, caps: frozenset[str]) -> list[Mount]:
+    """The binds of the driver binaries of ``caps``, the firmware and the IPC sockets."""
     bin_dir = config.bin_dir.rstrip("/") or "/"
+    mounts: list[Mount] = []
     for f in inventory.files:
-        if f.capability not in caps and not (
-            f.kind == "firmware" and caps & {"compute", "utility"}
-        ):
+        firmware_wanted = f.kind == "firmware" and bool(caps & {"compute", "utility"})
+        if f.capability not in caps and not firmware_wanted:
             continue
         if f.kind == "binary":
             mounts.append(Mount(f.path, f"{bin_dir}/{f.name}", "bind", RO_BIND))
         elif f.kind == "firmware":
             mounts.append(Mount(f.path, f.container_path, "bind", RO_BIND))
         elif f.kind == "socket":
-            mounts.append(
-                Mount(f.path, f.container_path, "bind", ("nosuid", "nodev", "noexec", "bind"))
-            )
+            options = ("nosuid", "nodev", "noexec", "bind")
+            mounts.append(Mount(f.path, f.container_path, "bind", options))
+    return mounts
 
-    hooks: list[Hook] = []
-    if folders:
-        args = [
-            config.hook_path.rsplit("/", 1)[-1],
-            "hook",
-            "update-ldcache",
-            "--ldconfig",
-            config.ldconfig,
-        ]
-        if rootfs and config.log_level != "debug":
-            # The installed `gpuhook` dispatcher runs this form without Python; at debug level
-            # the hook runs in Python, which logs every refresh.
-            args += ["--rootfs", rootfs]
-        for folder in folders:
-            args += ["--folder", folder]
-        hooks.append(
-            Hook(
-                "createContainer",
-                config.hook_path,
-                tuple(args),
-                HOOK_ENV + config.propagated_env,
-                HOOK_TIMEOUT_S,
-            )
-        )
-    replace: tuple[str, ...] = ()
-    if mps is not None:
-        env.extend(mps.env())
-        mounts.extend(mps.mounts())
-        replace = mps.replace_mounts()
+
+def ldcache_hook(config: Config, folders: list[str], rootfs: str = "") -> Hook:
+    """gpuhook's createContainer hook that refreshes the container's ld.so.cache."""
+    args = [
+        config.hook_path.rsplit("/", 1)[-1],
+        "hook",
+        LDCACHE_VERB,
+        "--ldconfig",
+        config.ldconfig,
+    ]
+    if rootfs and config.log_level != "debug":
+        # The installed `gpuhook` dispatcher runs this form without Python; at debug level
+        # the hook runs in Python, which logs every refresh.
+        args += ["--rootfs", rootfs]
+    for folder in folders:
+        args += ["--folder", folder]
+    env = HOOK_ENV + config.propagated_env
+    return Hook("createContainer", config.hook_path, tuple(args), env, HOOK_TIMEOUT_S)
+
+
+def without_present(
+    edits: ContainerEdits, decision: Decision, inventory: Inventory, spec: Mapping[str, Any]
+) -> ContainerEdits:
+    """``edits`` less what the spec already holds (device nodes, mount destinations, gpuhook's
+    ld.so.cache hook), with ``engine_injected``: the granted devices whose nodes are all there."""
+    present = _spec_nodes(spec)
+    mounts = spec.get("mounts")
+    listed = mounts if isinstance(mounts, list) else ()
+    taken = {
+        m["destination"]
+        for m in listed
+        if isinstance(m, dict)
+        and isinstance(m.get("destination"), str)
+        and m["destination"] not in edits.replace_mounts
+    }
+    has_hook = _has_ldcache_hook(spec)
+    by_index = {g.index: g for g in inventory.gpus}
+    injected = tuple(
+        ref.uuid
+        for ref in decision.devices
+        if all(_key(n) in present for n in _ref_nodes(ref, by_index))
+    )
     return ContainerEdits(
-        env=tuple(env),
-        device_nodes=tuple(nodes),
-        mounts=tuple(mounts),
-        hooks=tuple(hooks),
-        remove_hooks=remove,
-        replace_mounts=replace,
+        env=edits.env,
+        device_nodes=tuple(n for n in edits.device_nodes if _key(n) not in present),
+        mounts=tuple(m for m in edits.mounts if m.container_path not in taken),
+        hooks=tuple(h for h in edits.hooks if not (has_hook and _is_ldcache_hook(h.args))),
+        remove_hooks=edits.remove_hooks,
+        replace_mounts=edits.replace_mounts,
+        engine_injected=injected,
+    )
+
+
+def _key(node: DeviceNode) -> tuple[str, int, int]:
+    return (node.path, node.major, node.minor)
+
+
+def _spec_nodes(spec: Mapping[str, Any]) -> set[tuple[Any, Any, Any]]:
+    linux = spec.get("linux")
+    devices = linux.get("devices") if isinstance(linux, dict) else None
+    return {
+        (d["path"], d.get("major"), d.get("minor"))
+        for d in (devices if isinstance(devices, list) else ())
+        if isinstance(d, dict)
+        and isinstance(d.get("path"), str)
+        and isinstance(d.get("major"), int)
+        and isinstance(d.get("minor"), int)
+    }
+
+
+def _ref_nodes(ref: DeviceRef, by_index: Mapping[int, Gpu]) -> list[DeviceNode]:
+    gpu = by_index.get(ref.gpu_index)
+    if gpu is None or gpu.node is None:
+        return []
+    mig = gpu.mig_by_uuid(ref.uuid) if ref.kind == KIND_MIG else None
+    return [gpu.node, *(mig.caps if mig is not None else ())]
+
+
+def _is_ldcache_hook(args: Any) -> bool:
+    return isinstance(args, (list, tuple)) and tuple(args[1:3]) == ("hook", LDCACHE_VERB)
+
+
+def _has_ldcache_hook(spec: Mapping[str, Any]) -> bool:
+    hooks = spec.get("hooks")
+    entries = hooks.get("createContainer") if isinstance(hooks, dict) else None
+    return any(
+        isinstance(h, dict) and _is_ldcache_hook(h.get("args"))
+        for h in (entries if isinstance(entries, list) else ())
     )
 
 

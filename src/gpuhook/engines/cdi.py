@@ -1,0 +1,178 @@
+"""The inventory as a CDI spec (kind ``nvidia.com/gpu``), for engines that resolve CDI devices
+themselves (podman, CRI-O, containerd 2.x with ``enable_cdi``).
+
+One device per GPU and per MIG device, each under its index (``0``, ``<gpu>:<mig>`` such as
+``2:0``) and its UUID, plus ``all``. A device's edits are its device nodes (a MIG device: its
+GPU's node and its nvidia-caps nodes) and its volume-mount marker (``/dev/null`` at
+``/var/run/nvidia-container-devices/<uuid>``), so that gpuhook, when it is also the engine's
+runtime, sees which devices the engine injected and records them instead of injecting them
+again. The common edits hold what :mod:`gpuhook.pipeline.inject` gives a granted container: the
+control nodes, the driver libraries and binaries of the configured capabilities, firmware, IPC
+sockets and gpuhook's ``update-ldcache`` createContainer hook (one owner: the same functions).
+The spec is validated against the CDI JSON schema shipped in ``gpuhook/schemas`` and written
+atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import NamedTuple
+
+from gpuhook.errors import CdiError
+from gpuhook.fsutil import atomic_write
+from gpuhook.model.edits import ContainerEdits, Mount
+from gpuhook.pipeline import inject
+from gpuhook.pipeline.request import ENV_VISIBLE, MARKER_ROOTS, MARKER_SOURCE
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+    from gpuhook.config import Config
+    from gpuhook.model.inventory import DeviceNode, Gpu, Inventory, MigDevice
+
+CDI_VERSION = "0.5.0"  # podman 4.3 (CDI 0.5.x) reads 0.3.0 to 0.5.0; 0.5.0 brings hostPath
+KIND = "nvidia.com/gpu"
+MARKER_OPTIONS = ("ro", "nosuid", "nodev", "bind")
+
+
+class Device(NamedTuple):
+    """One CDI device: its names (index and UUID, or ``all``), its edits, what it is."""
+
+    names: tuple[str, ...]
+    edits: ContainerEdits
+    what: str
+
+
+def devices(inventory: Inventory) -> list[Device]:
+    """Every GPU and MIG device under its index and UUID, then ``all`` (pure)."""
+    out: list[Device] = []
+    for gpu in inventory.gpus:
+        if gpu.node is not None:
+            out.append(Device((str(gpu.index), gpu.uuid), _edits([gpu.node], gpu.uuid), gpu.name))
+            out += [_mig_device(gpu, gpu.node, mig) for mig in gpu.mig_devices]
+    nodes = [n for d in out for n in d.edits.device_nodes]
+    out.append(Device(("all",), _edits(nodes, "all"), "every device above"))
+    return out
+
+
+def _mig_device(gpu: Gpu, node: DeviceNode, mig: MigDevice) -> Device:
+    names = (f"{gpu.index}:{mig.index}", mig.uuid)
+    return Device(names, _edits([node, *mig.caps], mig.uuid), mig.name)
+
+
+def _edits(nodes: Iterable[DeviceNode], marker: str) -> ContainerEdits:
+    unique = {n.path: n for n in nodes}
+    mount = Mount(MARKER_SOURCE, MARKER_ROOTS[0] + marker, "bind", MARKER_OPTIONS)
+    return ContainerEdits(device_nodes=tuple(unique.values()), mounts=(mount,))
+
+
+def common_edits(inventory: Inventory, config: Config) -> ContainerEdits:
+    """What every device of the spec brings: control nodes, driver files, the ld.so.cache hook.
+
+    ``NVIDIA_VISIBLE_DEVICES=void`` keeps other NVIDIA components from acting on the image's
+    value; gpuhook-runtime sets the granted devices there itself."""
+    caps = frozenset(config.cdi_capabilities)
+    mounts, folders = inject.library_mounts(inventory, config, caps)
+    mounts += inject.file_mounts(inventory, config, caps)
+    hooks = (inject.ldcache_hook(config, folders),) if folders else ()
+    return ContainerEdits(
+        env=(f"{ENV_VISIBLE}=void",),
+        device_nodes=tuple(inventory.control_nodes),
+        mounts=tuple(mounts),
+        hooks=hooks,
+    )
+
+
+def spec(inventory: Inventory, config: Config) -> dict[str, Any]:
+    """The CDI spec of the inventory (pure)."""
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": KIND,
+        "devices": [
+            {"name": name, "containerEdits": _cdi_edits(d.edits)}
+            for d in devices(inventory)
+            for name in d.names
+        ],
+        "containerEdits": _cdi_edits(common_edits(inventory, config)),
+    }
+
+
+def _cdi_edits(edits: ContainerEdits) -> dict[str, Any]:
+    """``containerEdits`` as CDI has them: no empty lists, device nodes without a file mode."""
+    out = edits.to_dict()
+    for node in out["deviceNodes"]:
+        del node["fileMode"]
+    return {key: value for key, value in out.items() if value}
+
+
+def validate(data: Any) -> None:
+    """Check ``data`` against the CDI JSON schema (shipped in ``gpuhook/schemas``)."""
+    import jsonschema
+
+    schema = _schema("cdi.schema.json")
+    store = {"defs.json": _schema("cdi.defs.json")}
+    resolver = jsonschema.RefResolver("", schema, store=store)
+    errors = sorted(
+        jsonschema.Draft7Validator(schema, resolver=resolver).iter_errors(data), key=str
+    )
+    if errors:
+        where = "/".join(str(p) for p in errors[0].absolute_path) or "(top)"
+        raise CdiError(f"the CDI spec is invalid at {where}: {errors[0].message}")
+
+
+def _schema(name: str) -> dict[str, Any]:
+    from importlib import resources
+
+    loaded: dict[str, Any] = json.loads(
+        resources.files("gpuhook").joinpath(f"schemas/{name}").read_bytes()
+    )
+    return loaded
+
+
+def load(path: str) -> Any:
+    """A CDI spec file, JSON or YAML by its name. Raises OSError, ValueError."""
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    if format_for(path) == "yaml":
+        import yaml
+
+        try:
+            return yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"not valid YAML: {exc}") from None
+    return json.loads(raw)
+
+
+def render(data: dict[str, Any], fmt: str) -> bytes:
+    """The spec as JSON or YAML text."""
+    if fmt == "yaml":
+        import yaml
+
+        return yaml.safe_dump(data, sort_keys=False).encode()
+    return json.dumps(data, indent=2).encode() + b"\n"
+
+
+def format_for(path: str) -> str:
+    """``yaml`` for a ``.yaml``/``.yml`` file name, else ``json`` (what CDI readers expect)."""
+    return "yaml" if path.endswith((".yaml", ".yml")) else "json"
+
+
+def write(data: dict[str, Any], path: str, fmt: str | None = None) -> None:
+    """Validate ``data`` and write it to ``path`` atomically (mode 0644, folder made)."""
+    validate(data)
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        atomic_write(path, render(data, fmt or format_for(path)), 0o644)
+    except OSError as exc:
+        raise CdiError(f"cannot write CDI spec {path}: {exc.strerror}") from None
+
+
+def export(inventory: Inventory, config: Config) -> str:
+    """Regenerate the spec at ``cdi.output``; the path written, "" when none is configured."""
+    if not config.cdi_output:
+        return ""
+    write(spec(inventory, config), config.cdi_output)
+    return config.cdi_output

@@ -1,0 +1,48 @@
+"""What every engine's registration edit shares (pure): the result type, the runtime name rule,
+the diff, and gpuhook's defaults.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+from gpuhook.errors import RegistrationError
+from gpuhook.model.frozen import Frozen, _init
+
+DEFAULT_NAME = "gpuhook"
+DEFAULT_RUNTIME_PATH = "/usr/bin/gpuhook-runtime"
+RUNC = "runc"
+RUNC_TYPE = "io.containerd.runc.v2"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class Edit(Frozen):
+    """The result of one edit: the new text, whether it differs, and what was done (for people)."""
+
+    __slots__ = ("changed", "notes", "text")
+    text: str
+    changed: bool
+    notes: tuple[str, ...]
+
+    def __init__(self, text: str, changed: bool, notes: tuple[str, ...] = ()) -> None:
+        _init(self, text=text, changed=changed, notes=notes)
+
+
+def check_name(name: str) -> None:
+    if not _NAME.match(name):
+        raise RegistrationError(
+            f"runtime name {name!r}: use letters, digits, '_', '.', '-' (e.g. {DEFAULT_NAME})"
+        )
+    if name in (RUNC, RUNC_TYPE):
+        raise RegistrationError(f"runtime name {name!r} is reserved for runc itself")
+
+
+def unified_diff(before: str, after: str, path: str) -> str:
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        f"{path} (now)" if before else "/dev/null",
+        f"{path} (gpuhook)",
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
