@@ -121,8 +121,6 @@ STILL_LONG = {
     "pipeline/request.py::parse",
     "pipeline/sharing.py::plan",
     "records/lookup.py::gc",
-    "records/writer.py::build",
-    "runtime/shim.py::_create_full",
 }
 
 
