@@ -156,10 +156,10 @@ def _create(argv: list[str], args: RuntimeArgs) -> int:
 
 def _forget_exec_env(config: Config, args: RuntimeArgs) -> None:
     """A new container with the id of an earlier one: the earlier one's marker is not its own."""
-    from gpuhook.records.writer import valid_id
     from gpuhook.runtime import execenv
 
-    if valid_id(args.container_id):
+    cid = args.container_id
+    if cid and cid not in (".", "..") and "/" not in cid:
         try:
             execenv.forget(config.state_dir, args.container_id)
         except OSError:
@@ -322,10 +322,11 @@ def _log_no_request(args: RuntimeArgs, bundle: str, req: Request | None, note: s
     """A container that asked for no GPU: a debug ``decision`` event shaped as the GPU path's
     (no record: records are kept for containers whose spec carries a GPU marker)."""
     from gpuhook import log
-    from gpuhook.records import writer
 
     if not log.debug_enabled():
         return
+    from gpuhook.records import writer
+
     _logger(args, bundle).debug(
         "decision",
         gpu_container=False,
