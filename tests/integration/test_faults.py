@@ -97,7 +97,7 @@ def test_writer_killed_before_rename_leaves_a_temp_the_next_write_removes(tmp_pa
     bundle.mkdir()
     (bundle / "config.json").write_text('{"old": true}')
     code = (
-        "import os, signal, sys; from gpuhook import ocispec\n"
+        "import os, signal, sys; from gpuhook.runtime import ocispec\n"
         "ocispec.write(sys.argv[1], {'new': True},\n"
         "              before_replace=lambda: os.kill(os.getpid(), signal.SIGKILL))\n"
     )
