@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from gpuhook import config as config_mod
 from gpuhook import markers
-from gpuhook.runtime import dispatch, execenv, runc_argv
+from gpuhook.records import execenv
+from gpuhook.runtime import dispatch, runc_argv
 from tests import runc_grammar
 
 pytestmark = pytest.mark.root

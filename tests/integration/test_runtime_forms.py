@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import testbed
 
-from gpuhook.runtime import execenv
+from gpuhook.records import execenv
 from tests.conftest import Containers, FakeNode
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]

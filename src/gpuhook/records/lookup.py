@@ -6,9 +6,12 @@ The shim writes each record into the container's bundle and links it as
 The engine deletes the bundle with
 the container, so a dangling link is a deleted container. A link that still resolves may belong
 to a container that the runtime no longer knows (``runc run`` returns after removing its
-container, an engine that keeps bundles): ``gc`` asks the runtime recorded in the record
-(``<runtime> --root <root> state <id>``) and removes the link only when the runtime says the
-container does not exist and its state folder agrees.
+container, an engine that keeps bundles): ``gc`` asks the configured runtime, with the
+``--root`` the record names (``<runtime> --root <root> state <id>``), and removes the link only
+when the runtime says the container does not exist and its state folder agrees.
+
+A container whose spec carries no GPU marker has no record (the dispatcher passes it to the
+runtime without Python): :func:`unrecorded` finds it through the runtime's state instead.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import time
 
 from gpuhook import _fastjson
-from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
+from gpuhook.errors import AmbiguousIdError, GpuhookError, RecordNotFoundError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,6 +38,10 @@ UNREADABLE = "unreadable"
 GC_GRACE_S = 60.0
 # Where a runtime keeps its containers' state when it is run without --root (as root).
 DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
+# The --root folders the engines gpuhook registers with give their runtime (docker; containerd's
+# namespaces are the folders under /run/containerd/runc).
+ENGINE_ROOTS = ("/run/docker/runtime-runc/moby",)
+CONTAINERD_ROOTS = "/run/containerd/runc"
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 
 
@@ -165,6 +172,61 @@ def find(config: Config, wanted: str) -> Entry:
     raise RecordNotFoundError(
         f"no decision record for container {wanted!r} in {folder}: {no_record_hint(config)}"
     )
+
+
+def candidate_roots(extra: tuple[str, ...] = ()) -> list[str]:
+    """The runtime state folders to ask about a container without a record: ``extra`` (the
+    CLI's --root), docker's, containerd's namespaces, then the runtime's default ("")."""
+    try:
+        spaces = sorted(os.listdir(CONTAINERD_ROOTS))
+    except OSError:
+        spaces = []
+    roots = [*extra, *ENGINE_ROOTS, *(os.path.join(CONTAINERD_ROOTS, n) for n in spaces), ""]
+    return list(dict.fromkeys(roots))
+
+
+def unrecorded(runtime: str, roots: list[str], container_id: str) -> dict[str, Any] | None:
+    """A live container without a record whose spec carries no GPU marker: what to say about
+    it (None when no runtime root has the container, or its spec may request a GPU)."""
+    import subprocess
+
+    from gpuhook import markers
+
+    if not runtime:
+        return None
+    for root in roots:
+        argv = [runtime, *(["--root", root] if root else []), "state", container_id]
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL
+            )
+            state = _fastjson.loads(proc.stdout) if proc.returncode == 0 else None
+            bundle = state.get("bundle") if isinstance(state, dict) else None
+            if not isinstance(bundle, str) or not bundle:
+                continue
+            with open(os.path.join(bundle, "config.json"), "rb") as fh:
+                raw = fh.read(MAX_RECORD_BYTES * 4)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            continue
+        if markers.may_request_gpu(raw):
+            return None
+        return _unrecorded_view(container_id, bundle, runtime, root)
+    return None
+
+
+def _unrecorded_view(container_id: str, bundle: str, runtime: str, root: str) -> dict[str, Any]:
+    return {
+        "container_id": container_id,
+        "bundle": bundle,
+        "runtime": {"path": runtime, "root": root},
+        "gpu_container": False,
+        "record": None,
+        "why": (
+            f"container {container_id} asked for no GPU: its config.json ({bundle}) carries no "
+            "GPU marker, so gpuhook-runtime passed it to the runtime without a decision and "
+            "without a record"
+        ),
+    }
 
 
 def _check_usable(entry: Entry) -> None:
@@ -311,17 +373,47 @@ def gc(
                 )
             )
             continue
-        runtime = entry.record.get("runtime")
-        path = runtime.get("path", "") if isinstance(runtime, dict) else ""
-        root = runtime.get("root", "") if isinstance(runtime, dict) else ""
-        alive, detail = probe(str(path or ""), str(root or ""), entry.container_id)
+        # The configured runtime (never a path read from a file inside the bundle); the record
+        # only says which of its state folders (--root) the container was created in.
+        recorded = entry.record.get("runtime")
+        root = recorded.get("root", "") if isinstance(recorded, dict) else ""
+        alive, detail = probe(config.runtime, str(root or ""), entry.container_id)
         if alive:
             live += 1
         elif alive is None:
             items.append(GcItem(entry.container_id, link, False, f"kept: {detail}"))
         else:
             items.append(_remove(link, entry.container_id, detail, dry_run, expect=entry.target))
+    items += _gc_exec_env(config, dry_run, grace_s, now, probe)
     return GcReport(folder, dry_run, items, live)
+
+
+def _gc_exec_env(
+    config: Config, dry_run: bool, grace_s: float, now: float, probe: StateProbe
+) -> list[GcItem]:
+    """The exec-env markers of containers the configured runtime no longer has (a delete that
+    did not pass through gpuhook-runtime, ``runc run`` without -d)."""
+    from gpuhook.records import execenv
+
+    folder = os.path.join(config.state_dir, execenv.DIR)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    items = []
+    for name in names:
+        path = os.path.join(folder, name)
+        if _age(path, now) < grace_s:
+            continue
+        try:
+            marker = execenv.load(config.state_dir, name) or {}
+        except GpuhookError:
+            marker = {}
+        root = marker.get("root", "")
+        alive, detail = probe(config.runtime, root if isinstance(root, str) else "", name)
+        if alive is False:
+            items.append(_remove(path, name, f"exec-env marker: {detail}", dry_run))
+    return items
 
 
 def _age(path: str, now: float) -> float:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import sys
 
 from gpuhook import config, markers
-from gpuhook.runtime import execenv, hooks, runc_argv
+from gpuhook.records import execenv
+from gpuhook.runtime import hooks, runc_argv
 
 
 def _patterns(pairs: list[str]) -> str:

@@ -10,7 +10,7 @@ The installed sh dispatcher passes a create whose spec holds no GPU marker strai
 runtime without Python; the shim does the same when the dispatcher hands it such a create
 (an unusual case: no trusted cache, the debug switch), after a byte scan, with no JSON parse.
 ``exec`` of a container whose grant carries environment gets it in its process file
-(:mod:`gpuhook.runtime.execenv`); ``delete`` removes that marker.
+(:mod:`gpuhook.records.execenv`); ``delete`` removes that marker.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ def _unplaced(args: RuntimeArgs) -> str:
 
 def _exec_env(config: Config, args: RuntimeArgs, argv: list[str]) -> GpuhookError | None:
     """Add the container's granted environment to an exec's process file (see
-    :mod:`gpuhook.runtime.execenv`); an error when an exec of a marked container cannot get it."""
+    :mod:`gpuhook.records.execenv`); an error when an exec of a marked container cannot get it."""
+    from gpuhook.records import execenv
     from gpuhook.records.writer import valid_id
-    from gpuhook.runtime import execenv
 
     if args.unknown:  # the id cannot be placed: refuse only when a marked container may be meant
         marked = [a for a in argv if valid_id(a) and execenv.load(config.state_dir, a)]
@@ -89,7 +89,7 @@ def _delete(config: Config, runtime: str, argv: list[str], args: RuntimeArgs) ->
     """Run the runtime's delete; when it succeeds, remove the container's exec-env marker."""
     import subprocess
 
-    from gpuhook.runtime import execenv
+    from gpuhook.records import execenv
 
     try:
         code = subprocess.run([runtime, *argv[1:]], check=False).returncode
@@ -156,7 +156,7 @@ def _create(argv: list[str], args: RuntimeArgs) -> int:
 
 def _forget_exec_env(config: Config, args: RuntimeArgs) -> None:
     """A new container with the id of an earlier one: the earlier one's marker is not its own."""
-    from gpuhook.runtime import execenv
+    from gpuhook.records import execenv
 
     cid = args.container_id
     if cid and cid not in (".", "..") and "/" not in cid:
@@ -206,7 +206,8 @@ def _decide(
     argv: list[str], args: RuntimeArgs, bundle: str, spec: dict[str, Any], config: Config
 ) -> int:
     """A GPU request: decide, rewrite the spec, write the record and the exec-env marker."""
-    from gpuhook.runtime import decide, execenv, ocispec
+    from gpuhook.records import execenv
+    from gpuhook.runtime import decide, ocispec
 
     logger = _logger(args, bundle)
     env_before = (spec.get("process") or {}).get("env")
