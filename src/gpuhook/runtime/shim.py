@@ -231,9 +231,10 @@ def _decide(
         config.state_dir, args.container_id, args.root, env_before, env_after
     )
     _log_decision(logger, outcome)
-    for problem in (failure, marker_failure):
-        if problem:
-            logger.warning("record not written", error=problem)
+    if failure:
+        logger.warning("record not written", error=failure)
+    if marker_failure:
+        logger.warning("exec-env marker not written", error=marker_failure)
     try:
         runtime = config.require_runtime()
     except GpuhookError as exc:
