@@ -62,6 +62,9 @@ def cdi_spec(truth: dict[str, Any], cdi_hook: str) -> dict[str, Any]:
             {"name": str(gpu["index"]), "containerEdits": edits},
             {"name": gpu["uuid"], "containerEdits": edits},
         ]
+        for mig in gpu.get("mig_devices") or []:  # the parent's node and the MIG caps nodes
+            nodes = [_node(gpu["device_node"])] + [_node(n) for n in mig.get("caps_nodes", [])]
+            devices.append({"name": mig["uuid"], "containerEdits": {"deviceNodes": nodes}})
     every = [_node(g["device_node"]) for g in truth["gpus"]]
     devices.append({"name": "all", "containerEdits": {"deviceNodes": every}})
     uvm = [
