@@ -63,7 +63,8 @@ def _unplaced(args: RuntimeArgs) -> str:
     return (
         f"cannot read the runtime's arguments: {args.unknown!r} is not a flag of "
         f"{args.command or 'the runtime'} that gpuhook-runtime knows, so it cannot tell which "
-        "bundle is created; refusing (gpuhook-runtime never passes a create it cannot read)"
+        "container the call is for; refusing (gpuhook-runtime never passes a create, or an exec "
+        "of a GPU container, that it cannot read)"
     )
 
 
@@ -73,10 +74,10 @@ def _exec_env(config: Config, args: RuntimeArgs, argv: list[str]) -> GpuhookErro
     from gpuhook.records import execenv
     from gpuhook.records.writer import valid_id
 
-    if args.unknown:  # the id cannot be placed: refuse only when a marked container may be meant
-        marked = [a for a in argv if valid_id(a) and execenv.load(config.state_dir, a)]
-        return UsageError(_unplaced(args)) if marked else None
     try:
+        if args.unknown:  # the id cannot be placed: refuse when a marked container may be meant
+            marked = [a for a in argv if valid_id(a) and execenv.load(config.state_dir, a)]
+            return UsageError(_unplaced(args)) if marked else None
         marker = execenv.load(config.state_dir, args.container_id)
         if marker is not None and args.process and marker.get("root", "") == args.root:
             execenv.apply(args.process, marker)
