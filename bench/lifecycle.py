@@ -912,8 +912,10 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Same run: {EDITED[1]} median {edited['median']:.1f} ms (p95 {edited['p95']:.1f}); "
         f"`{INTERP[1]}` median {interp['median']:.1f} ms (p95 {interp['p95']:.1f}).",
-        *peer_ratios(report),
     ]
+    ratios = peer_ratios(report)
+    if ratios:
+        lines += ["", "```text", *[x.strip("\n") for x in ratios], "```"]
     return "\n".join(lines) + "\n"
 
 
