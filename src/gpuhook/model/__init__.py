@@ -1,6 +1,6 @@
 """gpuhook's value types, by domain; frozen, slotted, cheap to import (the create path uses them).
 
-- :mod:`.frozen`: the immutable base (the fast path imports it alone) and :mod:`.fields`, the typed
+- :mod:`.frozen`: the immutable base (the shim's argv parser imports it alone) and :mod:`.fields`, the typed
   readers of ``from_dict``;
 - :mod:`.inventory`: the node (GPUs, MIG devices, device nodes, libraries);
 - :mod:`.decision`: request channels, requests, device references, reasons, decisions;
