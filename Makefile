@@ -12,13 +12,18 @@ all: build
 # The same POSIX sh dispatchers the .deb installs, pointing at this checkout.
 build: build/bin/gpuhook-runtime build/bin/gpuhook build/bin/nvidia-container-runtime-hook
 
-build/bin/gpuhook-runtime: packaging/gpuhook-runtime.in
-	@mkdir -p build/bin
-	sed -e 's|@PYTHON@|$(PY)|g' -e 's|@PKGDIR@|$(PKGDIR)|g' $< > $@.tmp && chmod 755 $@.tmp && mv $@.tmp $@
+# Rendered from the .in templates with the tables they are made from (gpuhook.runtime.dispatch).
+RENDER := PYTHONPATH=$(PKGDIR) $(PY) -m gpuhook.runtime.dispatch
+RENDER_DEPS := src/gpuhook/runtime/dispatch.py src/gpuhook/runtime/runc_argv.py \
+	src/gpuhook/runtime/hooks.py src/gpuhook/markers.py src/gpuhook/config.py
 
-build/bin/gpuhook: packaging/gpuhook.in
+build/bin/gpuhook-runtime: packaging/gpuhook-runtime.in $(RENDER_DEPS)
 	@mkdir -p build/bin
-	sed -e 's|@PYTHON@|$(PY)|g' -e 's|@PKGDIR@|$(PKGDIR)|g' $< > $@.tmp && chmod 755 $@.tmp && mv $@.tmp $@
+	$(RENDER) $< $@ $(PY) $(PKGDIR)
+
+build/bin/gpuhook: packaging/gpuhook.in $(RENDER_DEPS)
+	@mkdir -p build/bin
+	$(RENDER) $< $@ $(PY) $(PKGDIR)
 
 build/bin/nvidia-container-runtime-hook: packaging/nvidia-container-runtime-hook
 	@mkdir -p build/bin

@@ -43,6 +43,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 
 import testbed  # noqa: E402
+from peer import write_peer_config  # noqa: E402
 
 FAKE_NODE = os.path.join(REPO, "tools", "fake-node")
 PR_SET_CHILD_SUBREAPER = 36
@@ -370,6 +371,11 @@ class Bench:
         for item in o.peer_env:
             key, _, value = item.partition("=")
             peer_env[key] = value
+        self.peer_xdg: dict[str, str] = {}
+        if o.peer_cdi_hook:  # NVIDIA's runtime in CDI mode: a generated spec per fake node
+            for node, truth in (("a", self.node_a), ("b", self.node_b)):
+                folder = os.path.join(self.disk, f"peer-{node}")
+                self.peer_xdg[node] = write_peer_config(folder, truth, o.runc, o.peer_cdi_hook)
         for peer in o.peer:
             name, eq, path = peer.partition("=")
             if not eq:
@@ -428,6 +434,8 @@ class Bench:
         truth = self.node_a if node == "a" else self.node_b
         env = dict(rt.env)
         env["GPUHOOK_CONFIG"] = truth["bench_config"]
+        if rt.name not in ("runc", "gpuhook") and node in self.peer_xdg:
+            env["XDG_CONFIG_HOME"] = self.peer_xdg[node]
         runtime = Runtime(rt.name, rt.path, env)
         return Bundle(path, original, runtime, self.states[rt.name])
 
@@ -847,12 +855,27 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
         verdict = "PASS" if t["ok"] else "FAIL"
         limit = f"{t['limit']:.2f} {t['unit']}"
         out.write(f"  {verdict}  {t['target']}: {value} (limit {limit})\n")
+    for line in peer_ratios(report):
+        out.write(line + "\n")
     for peer, targets in report["peer_targets"].items():
         out.write(
             f"same targets for {peer}: "
             + ", ".join(f"{t['target'].split(':')[0]} {'ok' if t['ok'] else 'no'}" for t in targets)
             + "\n"
         )
+
+
+def peer_ratios(report: dict[str, Any]) -> list[str]:
+    """gpuhook's overhead against each peer's, case by case (same run)."""
+    by = {(r["case"], r["runtime"]): r for r in report["cases"]}
+    lines = []
+    for peer in [n for n in report["runtimes"] if n not in ("runc", "gpuhook")]:
+        lines.append(f"\ngpuhook against {peer} (median overhead over runc, same run):")
+        for key, label in [(c, lbl) for c, lbl, _ in CASES] + [PASSTHROUGH]:
+            ours, theirs = by[(key, "gpuhook")]["overhead_ms"], by[(key, peer)]["overhead_ms"]
+            ratio = f"{ours / theirs:.2f}x" if theirs > 0 else "n/a"
+            lines.append(f"  {label:<42} gpuhook {ours:+7.1f}  {peer} {theirs:+7.1f}  {ratio}")
+    return lines
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -890,13 +913,20 @@ def markdown(report: dict[str, Any]) -> str:
         f"Same run: {EDITED[1]} median {edited['median']:.1f} ms (p95 {edited['p95']:.1f}); "
         f"`{INTERP[1]}` median {interp['median']:.1f} ms (p95 {interp['p95']:.1f}).",
     ]
+    ratios = peer_ratios(report)
+    if ratios:
+        lines += ["", "```text", *[x.strip("\n") for x in ratios], "```"]
     return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "-n", "--iterations", type=int, default=100, help="measured lifecycles per case and runtime"
+        "-n",
+        "--iterations",
+        type=int,
+        default=100,
+        help="measured lifecycles per case and runtime (interleaved; >= 40 for a report)",
     )
     p.add_argument("--warmup", type=int, default=3, help="unmeasured lifecycles first")
     p.add_argument(
@@ -918,6 +948,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--peer-env", action="append", default=[], help="KEY=VALUE in the peers' environment"
+    )
+    p.add_argument(
+        "--peer-cdi-hook",
+        metavar="PATH",
+        help="NVIDIA's nvidia-cdi-hook: write, for each fake node, the CDI spec nvidia-ctk cdi "
+        "generate would write (hooks included) and a config.toml for nvidia-container-runtime "
+        "in CDI mode, and give the peers XDG_CONFIG_HOME pointing at it",
     )
     p.add_argument(
         "--nodes",

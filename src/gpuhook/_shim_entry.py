@@ -2,18 +2,14 @@
 
 ``-I`` ignores the environment (PYTHONPATH, PYTHONHOME, user site) and ``-S`` skips the
 site-packages scan, so a container start pays only for the interpreter. The folder that holds the
-gpuhook package is derived from this file's own path. A create whose spec cannot request a GPU
-is done by :mod:`gpuhook.runtime.fastpath` (built-in modules only); everything else by the shim.
+gpuhook package is derived from this file's own path. The dispatcher itself (sh) passes creates
+without any GPU marker to the runtime; what reaches Python, :mod:`gpuhook.runtime.shim` decides.
 """
 
 import sys
 
 sys.path.insert(0, __file__.rpartition("/")[0].rpartition("/")[0] or "/")
 
-from gpuhook.runtime import fastpath
-
-fastpath.create(sys.argv)  # a create without GPU markers: execs the runtime, never returns
-
-from gpuhook.runtime.shim import main  # noqa: E402 - everything else
+from gpuhook.runtime.shim import main
 
 sys.exit(main(sys.argv))

@@ -5,8 +5,10 @@ every executable), or ``--config`` on the CLI. Validation needs :mod:`yaml` and
 :mod:`jsonschema`, which are far too slow to import on every container start, so a validated,
 normalized copy is cached as JSON under ``/run/gpuhook/config/<absolute config path>/`` and
 reused while the file's identity (device, inode, size, mtime) and gpuhook's version are unchanged.
-The same folder holds ``runtime``: the resolved low-level runtime path, one line, which the
-``gpuhook-runtime`` dispatcher reads to pass non-create calls straight to runc without Python.
+The same folder holds ``runtime``, the pointer the ``gpuhook-runtime`` sh dispatcher reads to
+run calls without Python: three lines, the resolved low-level runtime path, the state folder
+(where the exec-env markers are) and the log level. Both sides trust a cache file by the one
+rule :func:`trusted_file` (the dispatcher's check is rendered from :data:`UNTRUSTED_MODE`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ ENV_DEBUG = "GPUHOOK_DEBUG"
 CACHE_ROOT = "/run/gpuhook/config"
 KUBELET_DIR_DEFAULT = "/var/lib/kubelet"
 CHECKPOINT_IN_KUBELET_DIR = "device-plugins/kubelet_internal_checkpoint"
+POINTER_NAME = "runtime"
+# A cache file names what root execs: one with any of these mode bits set (group- or
+# world-writable) is never acted on, nor a symbolic link, nor a file owned by anyone but root or
+# the running user. gpuhook.runtime.dispatch renders the sh dispatcher's check from this.
+UNTRUSTED_MODE = 0o022
 
 # The one statement of every default. config/config.yaml.example mirrors it (a test checks).
 DEFAULTS: dict[str, Any] = {
@@ -384,9 +391,10 @@ def load(explicit: str | None = None, *, use_cache: bool = True) -> Config:
 def _read_cache(cache_dir: str, identity: list[Any]) -> dict[str, Any] | None:
     from gpuhook import _fastjson
 
+    path = os.path.join(cache_dir, "compiled.json")
     try:
-        with open(os.path.join(cache_dir, "compiled.json"), "rb") as fh:
-            if not _trusted_file(os.fstat(fh.fileno())):
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as fh:
+            if not trusted_file(os.fstat(fh.fileno())):
                 return None
             cached = _fastjson.loads(fh.read())
     except (OSError, ValueError):
@@ -400,10 +408,25 @@ def _read_cache(cache_dir: str, identity: list[Any]) -> dict[str, Any] | None:
     return cached
 
 
-def _trusted_file(st: os.stat_result) -> bool:
-    """A cache file this process may act on: written by root or by this user, and writable by
-    no one else. The cache names the runtime that gpuhook-runtime execs, as root."""
-    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
+def trusted_file(st: os.stat_result) -> bool:
+    """A cache file this process may act on (``st`` of the file opened without following a
+    link): a regular file written by root or by this user, and writable by no one else. The
+    cache names the runtime that gpuhook-runtime execs, as root."""
+    import stat
+
+    return (
+        stat.S_ISREG(st.st_mode)
+        and st.st_uid in (0, os.geteuid())
+        and not st.st_mode & UNTRUSTED_MODE
+    )
+
+
+def pointer_text(config: Config) -> str:
+    """The sh dispatcher's pointer: runtime, state folder, log level (one line each)."""
+    lines = (config.runtime, config.state_dir, config.log_level)
+    if any("\n" in x or not x for x in lines) or not all(x.startswith("/") for x in lines[:2]):
+        return ""
+    return "".join(x + "\n" for x in lines)
 
 
 def _write_cache(cache_dir: str, identity: list[Any], config: Config) -> None:
@@ -420,10 +443,11 @@ def _write_cache(cache_dir: str, identity: list[Any], config: Config) -> None:
             0o644,
             fsync=False,
         )
-        runtime_file = os.path.join(cache_dir, "runtime")
-        if config.runtime:
-            atomic_write(runtime_file, (config.runtime + "\n").encode(), 0o644, fsync=False)
-        elif os.path.exists(runtime_file):
+        runtime_file = os.path.join(cache_dir, POINTER_NAME)
+        pointer = pointer_text(config)
+        if pointer:
+            atomic_write(runtime_file, pointer.encode(), 0o644, fsync=False)
+        elif os.path.lexists(runtime_file):
             os.unlink(runtime_file)
     except OSError:
         pass

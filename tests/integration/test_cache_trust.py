@@ -51,29 +51,45 @@ def cached(node: FakeNode, tmp_path: Path) -> tuple[dict[str, str], Path, str, P
     env = node.variant(tmp_path, runtime={"path": configured})
     assert passthrough(env).returncode == 42  # the first call compiles the cache
     cache = Path(config_mod.cache_dir_for(env["GPUHOOK_CONFIG"]))
-    assert (cache / "runtime").read_text() == configured + "\n"
+    assert (cache / "runtime").read_text().splitlines()[0] == configured
     return env, cache, planted, out
+
+
+def plant_pointer(pointer: Path, planted: str) -> None:
+    lines = pointer.read_text().splitlines()
+    pointer.write_text("\n".join([planted, *lines[1:]]) + "\n")
 
 
 def test_the_runtime_pointer_is_used(cached: tuple[dict[str, str], Path, str, Path]) -> None:
     """The control: a root-owned pointer is what the dispatcher execs."""
     env, cache, planted, out = cached
-    (cache / "runtime").write_text(planted + "\n")
+    plant_pointer(cache / "runtime", planted)
     assert passthrough(env).returncode == 42
     assert out.read_text() == "planted\n"
 
 
-@pytest.mark.parametrize("how", ["owner", "relative"])
+@pytest.mark.parametrize(
+    "how", ["owner", "relative", "group-writable", "world-writable", "symlink"]
+)
 def test_an_untrusted_runtime_pointer_is_ignored(
     cached: tuple[dict[str, str], Path, str, Path], how: str
 ) -> None:
+    """Issue 16.6: the dispatcher refuses what gpuhook.config.trusted_file refuses."""
     env, cache, planted, out = cached
     pointer = cache / "runtime"
+    plant_pointer(pointer, planted)
     if how == "owner":
-        pointer.write_text(planted + "\n")
         os.chown(pointer, NOBODY, NOBODY)
+    elif how == "group-writable":
+        pointer.chmod(0o664)
+    elif how == "world-writable":
+        pointer.chmod(0o646)
+    elif how == "symlink":
+        real = cache.parent / "elsewhere"
+        pointer.rename(real)
+        pointer.symlink_to(real)
     else:
-        pointer.write_text("planted\n")  # a bare name would be looked up in PATH
+        plant_pointer(pointer, "planted")  # a bare name would be looked up in PATH
         env = {**env, "PATH": f"{Path(planted).parent}:{os.environ['PATH']}"}
     assert passthrough(env).returncode == 42
     assert out.read_text() == "configured\n"
@@ -110,38 +126,3 @@ def test_an_untrusted_compiled_config_is_ignored(
         compiled.chmod(0o664 if how == "group-writable" else 0o646)
     assert passthrough(env).returncode == 42
     assert out.read_text() == "configured\n"  # recompiled from the config file itself
-
-
-def non_gpu_create(env: dict[str, str], bundle: Path, cid: str) -> int:
-    """A create of a bundle without GPU markers, through the dispatcher (the fast path)."""
-    return subprocess.run(
-        [testbed.RUNTIME, "--root", "/r", "create", "--bundle", str(bundle), cid],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    ).returncode
-
-
-@pytest.mark.parametrize("how", ["control", "owner", "group-writable", "world-writable"])
-def test_an_untrusted_fast_path_cache_is_ignored(node: FakeNode, tmp_path: Path, how: str) -> None:
-    """gpuhook.runtime.fastpath's cache names the runtime too: only a trusted one is acted on."""
-    configured, planted, out = recorders(tmp_path)
-    # log level info: at debug level there is no fast path
-    env = node.variant(tmp_path, runtime={"path": configured}, log={"level": "info"})
-    cache = Path(config_mod.cache_dir_for(env["GPUHOOK_CONFIG"]))
-    bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    (bundle / "config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": []}}')
-    assert non_gpu_create(env, bundle, "c0") == 42  # the full path writes the fast path's cache
-    fast = cache / "fastpath"
-    text = fast.read_text()
-    assert f"\n{configured}\n" in text
-    fast.write_text(text.replace(f"\n{configured}\n", f"\n{planted}\n"))
-    if how == "owner":
-        os.chown(fast, NOBODY, NOBODY)
-    elif how != "control":
-        fast.chmod(0o664 if how == "group-writable" else 0o646)
-    assert non_gpu_create(env, bundle, "c1") == 42
-    assert out.read_text() == ("planted\n" if how == "control" else "configured\n")

@@ -196,7 +196,6 @@ SCENARIOS: list[tuple[str, str, dict[str, Any], list[str] | None, str | None, st
         "ignored",
         "no GPU request in the spec",
     ),
-    ("no-request", "plain", {}, None, None, "ignored", "no GPU marker in config.json"),
     (
         "mig",
         "plain",
@@ -344,13 +343,45 @@ def test_no_record_explains_how_to_get_one(node: FakeNode) -> None:
     )
 
 
+def test_a_container_without_gpu_marker_has_no_record_and_inspect_says_why(
+    node: FakeNode, containers: Containers, tmp_path: Path
+) -> None:
+    """Issue 14: no record for a spec without any GPU marker; inspect finds the live container
+    through the runtime's state (``<runtime> --root R state ID``) and says it asked for no GPU."""
+    bundle = containers.bundle(args=("/bin/sleep", "60"))
+    errors = tmp_path / "create.err"
+    with errors.open("w") as err:
+        created = subprocess.run(
+            [testbed.RUNTIME, "--root", str(containers.state), "create", "plain-live",
+             "--bundle", str(bundle)],
+            env={"PATH": os.environ["PATH"], **node.env},
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            check=False, timeout=60,
+        )  # fmt: skip
+    assert created.returncode == 0, errors.read_text()
+    assert not (bundle / "gpuhook-decision.json").exists()
+    out = node.gpuhook("inspect", "container", "plain-live", "--root", str(containers.state),
+                       "-o", "table")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (
+        f"container plain-live asked for no GPU: its config.json ({bundle}) carries no GPU "
+        "marker, so gpuhook-runtime passed it to the runtime without a decision and without a "
+        "record\n"
+    )
+    view = json.loads(node.gpuhook("inspect", "container", "plain-live", "--root",
+                                   str(containers.state), "-o", "json").stdout)  # fmt: skip
+    assert view["gpu_container"] is False and view["record"] is None
+    gone = node.gpuhook("inspect", "container", "not-there", "--root", str(containers.state))
+    assert gone.returncode == 1 and "no decision record" in gone.stderr
+
+
 def test_gc(node: FakeNode, containers: Containers, tmp_path: Path) -> None:
     """gc removes the links of containers that are gone (bundle deleted, or no longer in the
     runtime's state), keeps live ones, and --dry-run removes nothing."""
     inventory = str(node.root / "state" / "inventory.json")
     env = node.variant(tmp_path, state_dir=str(tmp_path / "state"), inventory={"path": inventory})
     exited = containers.probe(env, container_id="exited", env=["NVIDIA_VISIBLE_DEVICES=0"])
-    deleted = containers.probe(env, container_id="deleted")
+    deleted = containers.probe(env, container_id="deleted", env=["NVIDIA_VISIBLE_DEVICES=2"])
     assert exited["returncode"] == 0 and deleted["returncode"] == 0
     subprocess.run(["rm", "-rf", str(deleted["bundle"])], check=True)
     live_bundle = containers.bundle(args=("/bin/sleep", "60"), env=["NVIDIA_VISIBLE_DEVICES=1"])
@@ -384,7 +415,7 @@ def test_gc(node: FakeNode, containers: Containers, tmp_path: Path) -> None:
 
     dry = node.gpuhook("gc", "--grace", "0", "--dry-run", "-o", "table", env=env)
     rows = {line.split()[2]: line for line in dry.stdout.splitlines() if line.startswith("would")}
-    assert set(rows) == {"exited"}
+    assert set(rows) == {"exited", "deleted"}  # a link, and the exec-env markers of both
     assert (
         f"not in runc state (root {containers.state}): the container was deleted" in rows["exited"]
     )
@@ -393,9 +424,10 @@ def test_gc(node: FakeNode, containers: Containers, tmp_path: Path) -> None:
 
     done = node.gpuhook("gc", "--grace", "0", "-o", "json", env=env)
     report = json.loads(done.stdout)
-    assert [i["container_id"] for i in report["removed"]] == ["exited"]
+    assert [i["container_id"] for i in report["removed"]] == ["exited", "deleted", "exited"]
     assert report["live"] == 1 and report["kept"] == []
     assert sorted(os.listdir(links)) == ["live.json"]
+    assert sorted(os.listdir(tmp_path / "state" / "exec-env")) == ["live"]
     assert inspect_json(node, env, "live")["decision"]["devices"][0]["id"] == "1"
     gone = node.gpuhook("inspect", "container", "exited", env=env)
     assert gone.returncode == 1 and "no decision record for container 'exited'" in gone.stderr
@@ -422,7 +454,7 @@ def test_a_record_that_cannot_be_written_never_blocks_a_container(
     assert gpu["returncode"] == 0 and "/dev/nvidia1" in gpu["dev"], gpu["stderr"]
     assert plain["returncode"] == 0, plain["stderr"]
     events = log_lines(Path(node.truth["log_file"]))
-    for seen in (gpu, plain):
+    for seen in (gpu,):
         [warning] = [
             e
             for e in events
@@ -434,8 +466,8 @@ def test_a_record_that_cannot_be_written_never_blocks_a_container(
             "Read-only file system"
         )
 
-    # a read-only bundle: a container that asked for no GPU still starts
-    bundle = containers.bundle("plain", args=("/bin/true",))
+    # a read-only bundle: a container that asked for no GPU (a marker, but no request) starts
+    bundle = containers.bundle("plain", args=("/bin/true",), env=["X_NVIDIA_VISIBLE_DEVICES=1"])
     _mount_ro(bundle)
     try:
         out = containers.run(bundle, node.env, container_id="ro-bundle-" + uuidlib.uuid4().hex)

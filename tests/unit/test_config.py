@@ -79,7 +79,12 @@ def test_compiled_cache_is_used_and_invalidated(
     assert config_mod.load(path).state_dir == "/one"
     cache = Path(config_mod.cache_dir_for(path))
     assert (cache / "compiled.json").exists()
-    assert (cache / "runtime").read_text().strip() == config_mod.resolve_runtime("")
+    # the sh dispatcher's pointer: runtime, state folder, log level
+    assert (cache / "runtime").read_text().splitlines() == [
+        config_mod.resolve_runtime(""),
+        "/one",
+        "info",
+    ]
     calls = []
     monkeypatch.setattr(config_mod, "compile_file", lambda p: calls.append(p) or {})
     assert config_mod.load(path).state_dir == "/one" and not calls  # served from the cache

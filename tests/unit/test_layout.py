@@ -106,15 +106,5 @@ def _long_functions(root: Path) -> list[str]:
     return long
 
 
-# Functions that were longer before the layout issue; each is being split. The list may only
-# shrink: remove a name once its function fits in 60 lines.
-STILL_LONG = {
-    "records/writer.py::build",
-    "runtime/shim.py::_create_full",
-}
-
-
 def test_no_function_is_longer_than_60_lines() -> None:
-    long = {f"{entry.split(':')[0]}::{entry.split()[1]}" for entry in _long_functions(SRC)}
-    assert long <= STILL_LONG, sorted(long - STILL_LONG)
-    assert long >= STILL_LONG, f"now short, remove from STILL_LONG: {sorted(STILL_LONG - long)}"
+    assert _long_functions(SRC) == []

@@ -103,7 +103,11 @@ def test_gpu_create_logs_one_decision_and_nothing_on_stdout(
     assert capsys.readouterr().out == ""
 
 
-@pytest.mark.parametrize("env", [["NVIDIA_VISIBLE_DEVICES=1"], ["NVIDIA_VISIBLE_DEVICES=void"], []])
+# The last: a GPU marker but no request (a spec without any marker gets no record at all).
+@pytest.mark.parametrize(
+    "env",
+    [["NVIDIA_VISIBLE_DEVICES=1"], ["NVIDIA_VISIBLE_DEVICES=void"], ["X_NVIDIA_VISIBLE_DEVICES=1"]],
+)
 def test_a_record_that_cannot_be_written_is_logged_and_never_blocks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: list[str]
 ) -> None:

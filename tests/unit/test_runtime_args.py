@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhook.runtime.runc_argv import parse
+from gpuhook.runtime.runc_argv import CREATE, DELETE, EXEC, PASS, REFUSE, parse, route
+from tests import runc_grammar
 
 
 def test_containerd_shim_create() -> None:
@@ -54,92 +55,55 @@ def test_version_alone() -> None:
     assert not parse(["--version", "list"]).version
 
 
-_paths = st.text(alphabet="abcdefghijklmnopqrstuvwxyz/._-", min_size=1, max_size=20).map(
-    lambda s: "/" + s
-)
-_ids = st.text(alphabet="abcdef0123456789-_.", min_size=1, max_size=12).filter(
-    lambda s: not s.startswith("-")
-)
-
-
-@st.composite
-def _flag(draw: st.DrawFn, name: str, value: str | None) -> list[str]:
-    dash = draw(st.sampled_from(["-", "--"]))
-    if value is None:
-        return [dash + name]
-    if draw(st.booleans()):
-        return [f"{dash}{name}={value}"]
-    return [dash + name, value]
-
-
-@st.composite
-def _argv(draw: st.DrawFn) -> tuple[list[str], dict[str, str]]:
-    argv: list[str] = []
-    want: dict[str, str] = {}
-    for name in draw(
-        st.lists(
-            st.sampled_from(
-                ["root", "log", "log-format", "criu", "debug", "systemd-cgroup", "rootless"]
-            ),
-            unique=True,
-            max_size=5,
-        )
-    ):
-        value = None if name in ("debug", "systemd-cgroup") else draw(_paths)
-        if name == "log-format":
-            value = draw(st.sampled_from(["json", "text"]))
-        if value is not None:
-            want[name] = value
-        argv += draw(_flag(name, value))
-    command = draw(st.sampled_from(["create", "run", "start", "state", "kill", "delete"]))
-    argv.append(command)
-    want["command"] = command
-    if command in ("create", "run"):
-        for name in draw(
-            st.lists(
-                st.sampled_from(
-                    [
-                        "bundle",
-                        "b",
-                        "console-socket",
-                        "pid-file",
-                        "no-pivot",
-                        "no-new-keyring",
-                        "detach",
-                    ]
-                ),
-                unique=True,
-                max_size=4,
-            )
-        ):
-            if name in ("b", "bundle") and "bundle" in want:
-                continue
-            value = None if name in ("no-pivot", "no-new-keyring", "detach") else draw(_paths)
-            if name in ("b", "bundle"):
-                want["bundle"] = value or ""
-            argv += draw(_flag(name, value))
-        cid = draw(_ids)
-        want["id"] = cid
-        argv.append(cid)
-    else:
-        argv.append(draw(_ids))
-    return argv, want
-
-
 @settings(max_examples=500, deadline=None)
-@given(_argv())
+@given(runc_grammar.argv())
 def test_parse_recovers_what_the_grammar_generated(case: tuple[list[str], dict[str, str]]) -> None:
+    """argvs generated from runc's documented grammar (tests/runc_grammar.py), flags before and
+    after the id, ``=`` and two-word forms, single and double dashes."""
     argv, want = case
     before = list(argv)
     args = parse(argv)
     assert argv == before  # never modified
+    assert args.unknown == ""
     assert args.command == want["command"]
     assert args.log_path == want.get("log", "")
     assert args.root == want.get("root", "")
     assert args.log_format == want.get("log-format", "text")
-    if want["command"] in ("create", "run"):
+    if want["command"] in runc_grammar.COMMANDS:
         assert args.bundle == want.get("bundle", "")
         assert args.container_id == want["id"]
+        assert args.process == want.get("process", "")
+        assert route(args, argv) in (CREATE, EXEC, DELETE)
+
+
+def test_forms_runc_and_crun_accept() -> None:
+    """Issue 16.2: flags after the id, --pidfd-socket, crun's two-word global flags, restore."""
+    args = parse(["create", "ID", "--bundle", "/b"])
+    assert (args.container_id, args.bundle, route(args, [])) == ("ID", "/b", CREATE)
+    args = parse(["--cgroup-manager", "systemd", "create", "--pidfd-socket", "/s", "-b", "/b", "i"])
+    assert (args.container_id, args.bundle) == ("i", "/b")
+    args = parse(["restore", "--image-path", "/img", "c1", "--bundle=/b"])
+    assert (args.command, args.container_id, args.bundle, route(args, [])) == (
+        "restore",
+        "c1",
+        "/b",
+        CREATE,
+    )
+
+
+def test_unknown_flags_never_pass_a_create_through() -> None:
+    for argv in (
+        ["create", "--new-flag", "x", "id"],
+        ["--new-global", "create", "id"],
+        ["create", "--bundle"],
+        ["create", "id", "--", "x"],
+        ["create", "-f", "/spec.json", "id"],  # crun's --config: the spec is elsewhere
+    ):
+        args = parse(argv)
+        assert args.unknown, argv
+        assert route(args, argv) == REFUSE, argv
+    args = parse(["--new-global", "state", "id"])
+    assert route(args, ["--new-global", "state", "id"]) == PASS
 
 
 @settings(max_examples=300, deadline=None)

@@ -14,7 +14,7 @@ import click
 from gpuhook import __version__, log
 from gpuhook import config as config_mod
 from gpuhook.cli.render import FORMATS, to_json, to_yaml
-from gpuhook.errors import UsageError, describe
+from gpuhook.errors import RecordNotFoundError, UsageError, describe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -600,16 +600,30 @@ def mps_status(obj: Context, gpus: tuple[str, ...], output: str | None) -> None:
 @click.argument("container_id", metavar="[ID]", required=False)
 @click.option("--all", "-a", "show_all", is_flag=True, help="Every container with a record.")
 @click.option("--gpu", "gpu_only", is_flag=True, help="With --all: only GPU requests.")
+@click.option(
+    "--root",
+    "roots",
+    multiple=True,
+    metavar="DIR",
+    help="The runtime's state folder (its --root) to look in for a container without a record.",
+)
 @output_option
 @pass_ctx
 def inspect_container(
-    obj: Context, container_id: str | None, show_all: bool, gpu_only: bool, output: str | None
+    obj: Context,
+    container_id: str | None,
+    show_all: bool,
+    gpu_only: bool,
+    roots: tuple[str, ...],
+    output: str | None,
 ) -> None:
     """What gpuhook-runtime decided for a container at create time, and why.
 
     ID is a full container id or a unique prefix of one. The answer comes from the decision
     record gpuhook-runtime wrote into the container's bundle (linked from
-    <state_dir>/containers/), so it is what the container got.
+    <state_dir>/containers/), so it is what the container got. A container whose spec carries
+    no GPU marker has no record: it is found through the runtime (<runtime> --root DIR state ID,
+    in docker's and containerd's folders, or --root) and said to have asked for no GPU.
     """
     from gpuhook.cli import tables
     from gpuhook.records import lookup
@@ -627,7 +641,15 @@ def inspect_container(
         deleted = sum(1 for e in entries if e.state == lookup.DELETED)
         emit(records, output, lambda view, color: tables.records_table(view, deleted, color))
         return
-    entry = lookup.find(config, container_id or "")
+    try:
+        entry = lookup.find(config, container_id or "")
+    except RecordNotFoundError:
+        roots_asked = lookup.candidate_roots(roots)
+        view = lookup.unrecorded(config.runtime, roots_asked, container_id or "")
+        if view is None:
+            raise
+        emit(view, output, lambda v, _color: v["why"] + "\n")
+        return
     log.get_logger().debug("record read", container_id=entry.container_id, path=entry.target)
     emit(entry.record, output, tables.container_table)
 

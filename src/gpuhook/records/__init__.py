@@ -1,7 +1,8 @@
 """Decision records: one JSON file per create, and finding them again.
 
 Owns: building and writing records (:mod:`.writer`, the one record writer), lookup by id or
-prefix, and listing (:mod:`.lookup`), gc of the links of deleted containers (:mod:`.gc`).
+prefix, and listing (:mod:`.lookup`), gc of the links of deleted containers (:mod:`.gc`), the
+exec-env markers of containers whose grant carries environment (:mod:`.execenv`).
 
 May import: gpuhook.pipeline, gpuhook.model, the top-level modules.
 """

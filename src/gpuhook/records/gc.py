@@ -3,8 +3,9 @@
 The engine deletes the bundle with the container, so a dangling link is a deleted container. A
 link that still resolves may belong to a container that the runtime no longer knows (``runc
 run`` returns after removing its container, an engine that keeps bundles): ``gc`` asks the
-runtime recorded in the record (``<runtime> --root <root> state <id>``) and removes the link only
-when the runtime says the container does not exist and its state folder agrees.
+configured runtime, with the ``--root`` the record names (``<runtime> --root <root> state <id>``),
+and removes the link only when the runtime says the container does not exist and its state folder
+agrees. The exec-env markers of containers the runtime no longer has go the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +13,15 @@ from __future__ import annotations
 import os
 import time
 
-from gpuhook.records.lookup import DELETED, SUFFIX, UNREADABLE, created_at, entry_of
+from gpuhook.errors import GpuhookError
+from gpuhook.records.lookup import (
+    DEFAULT_ROOTS,
+    DELETED,
+    SUFFIX,
+    UNREADABLE,
+    created_at,
+    entry_of,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,8 +33,6 @@ if TYPE_CHECKING:
     StateProbe = Callable[[str, str, str], tuple[bool | None, str]]
 
 GC_GRACE_S = 60.0
-# Where a runtime keeps its containers' state when it is run without --root (as root).
-DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
 
 
 class GcItem:
@@ -120,18 +127,22 @@ def gc(
     items: list[GcItem] = []
     live = 0
     for name in names:
-        item = _judge(folder, name, _Pass(now, grace_s, dry_run, probe))
+        item = _judge(folder, name, _Pass(config.runtime, now, grace_s, dry_run, probe))
         if item is LIVE_ITEM:
             live += 1
         elif item is not None:
             items.append(item)
+    items += _gc_exec_env(config, _Pass(config.runtime, now, grace_s, dry_run, probe))
     return GcReport(folder, dry_run, items, live)
 
 
 class _Pass:
     """The settings of one gc run."""
 
-    def __init__(self, now: float, grace_s: float, dry_run: bool, probe: StateProbe) -> None:
+    def __init__(
+        self, runtime: str, now: float, grace_s: float, dry_run: bool, probe: StateProbe
+    ) -> None:
+        self.runtime = runtime
         self.now = now
         self.grace_s = grace_s
         self.dry_run = dry_run
@@ -161,15 +172,42 @@ def _judge(folder: str, name: str, run: _Pass) -> GcItem | None:
     if age < run.grace_s:
         why = f"kept: created {int(age)}s ago, too recent to judge (--grace {run.grace_s:g})"
         return GcItem(entry.container_id, link, False, why)
-    runtime = entry.record.get("runtime")
-    path = runtime.get("path", "") if isinstance(runtime, dict) else ""
-    root = runtime.get("root", "") if isinstance(runtime, dict) else ""
-    alive, detail = run.probe(str(path or ""), str(root or ""), entry.container_id)
+    # The configured runtime, never a path read from a file inside the bundle; the record only
+    # says which of its state folders (--root) the container was created in.
+    recorded = entry.record.get("runtime")
+    root = recorded.get("root", "") if isinstance(recorded, dict) else ""
+    alive, detail = run.probe(run.runtime, str(root or ""), entry.container_id)
     if alive:
         return LIVE_ITEM
     if alive is None:
         return GcItem(entry.container_id, link, False, f"kept: {detail}")
     return _remove(link, entry.container_id, detail, run.dry_run, expect=entry.target)
+
+
+def _gc_exec_env(config: Config, run: _Pass) -> list[GcItem]:
+    """The exec-env markers of containers the configured runtime no longer has (a delete that
+    did not pass through gpuhook-runtime, ``runc run`` without -d)."""
+    from gpuhook.records import execenv
+
+    folder = os.path.join(config.state_dir, execenv.DIR)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    items = []
+    for name in names:
+        path = os.path.join(folder, name)
+        if _age(path, run.now) < run.grace_s:
+            continue
+        try:
+            marker = execenv.load(config.state_dir, name) or {}
+        except GpuhookError:
+            marker = {}
+        root = marker.get("root", "")
+        alive, detail = run.probe(run.runtime, root if isinstance(root, str) else "", name)
+        if alive is False:
+            items.append(_remove(path, name, f"exec-env marker: {detail}", run.dry_run))
+    return items
 
 
 def _age(path: str, now: float) -> float:

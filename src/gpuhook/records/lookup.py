@@ -3,7 +3,11 @@ and find a pod's (by NAMESPACE/NAME or pod UID). The links of deleted containers
 by :mod:`gpuhook.records.gc`.
 
 The shim writes each record into the container's bundle and links it as
-``<state_dir>/containers/<id>.json`` (:mod:`gpuhook.records.writer`).
+``<state_dir>/containers/<id>.json`` (:mod:`gpuhook.records.writer`); the engine deletes the
+bundle with the container, so a dangling link is a deleted container.
+
+A container whose spec carries no GPU marker has no record (the dispatcher passes it to the
+runtime without Python): :func:`unrecorded` finds it through the runtime's state instead.
 """
 
 from __future__ import annotations
@@ -23,6 +27,12 @@ SUFFIX = ".json"
 LIVE = "live"
 DELETED = "deleted"
 UNREADABLE = "unreadable"
+# Where a runtime keeps its containers' state when it is run without --root (as root).
+DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
+# The --root folders the engines gpuhook registers with give their runtime (docker; containerd's
+# namespaces are the folders under /run/containerd/runc).
+ENGINE_ROOTS = ("/run/docker/runtime-runc/moby",)
+CONTAINERD_ROOTS = "/run/containerd/runc"
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 
 
@@ -155,6 +165,61 @@ def find(config: Config, wanted: str) -> Entry:
     raise RecordNotFoundError(
         f"no decision record for container {wanted!r} in {folder}: {no_record_hint(config)}"
     )
+
+
+def candidate_roots(extra: tuple[str, ...] = ()) -> list[str]:
+    """The runtime state folders to ask about a container without a record: ``extra`` (the
+    CLI's --root), docker's, containerd's namespaces, then the runtime's default ("")."""
+    try:
+        spaces = sorted(os.listdir(CONTAINERD_ROOTS))
+    except OSError:
+        spaces = []
+    roots = [*extra, *ENGINE_ROOTS, *(os.path.join(CONTAINERD_ROOTS, n) for n in spaces), ""]
+    return list(dict.fromkeys(roots))
+
+
+def unrecorded(runtime: str, roots: list[str], container_id: str) -> dict[str, Any] | None:
+    """A live container without a record whose spec carries no GPU marker: what to say about
+    it (None when no runtime root has the container, or its spec may request a GPU)."""
+    import subprocess
+
+    from gpuhook import markers
+
+    if not runtime:
+        return None
+    for root in roots:
+        argv = [runtime, *(["--root", root] if root else []), "state", container_id]
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL
+            )
+            state = _fastjson.loads(proc.stdout) if proc.returncode == 0 else None
+            bundle = state.get("bundle") if isinstance(state, dict) else None
+            if not isinstance(bundle, str) or not bundle:
+                continue
+            with open(os.path.join(bundle, "config.json"), "rb") as fh:
+                raw = fh.read(MAX_RECORD_BYTES * 4)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            continue
+        if markers.may_request_gpu(raw):
+            return None
+        return _unrecorded_view(container_id, bundle, runtime, root)
+    return None
+
+
+def _unrecorded_view(container_id: str, bundle: str, runtime: str, root: str) -> dict[str, Any]:
+    return {
+        "container_id": container_id,
+        "bundle": bundle,
+        "runtime": {"path": runtime, "root": root},
+        "gpu_container": False,
+        "record": None,
+        "why": (
+            f"container {container_id} asked for no GPU: its config.json ({bundle}) carries no "
+            "GPU marker, so gpuhook-runtime passed it to the runtime without a decision and "
+            "without a record"
+        ),
+    }
 
 
 def _check_usable(entry: Entry) -> None:

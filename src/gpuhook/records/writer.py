@@ -1,6 +1,8 @@
 """Per-container decision records.
 
-Each create writes ``<bundle>/gpuhook-decision.json`` (atomically) and links it as
+Each create whose spec carries a GPU marker writes ``<bundle>/gpuhook-decision.json``
+(atomically; a container without any marker gets none: the sh dispatcher passes it to the
+runtime without Python) and links it as
 ``<state_dir>/containers/<id>.json``. The engine removes the bundle when it deletes the
 container, which removes the record with it without gpuhook running on ``delete``; the dangling
 link is ignored by ``gpuhook inspect container`` and removed by ``gpuhook gc``. Writing a record
@@ -52,11 +54,10 @@ def build(
 ) -> dict[str, Any]:
     """The record (its JSON Schema: ``schemas/record.schema.json``).
 
-    ``outcome`` None: nothing was decided because the spec carries no GPU request; ``request``
-    is the parsed request when the spec was parsed, None when the byte pre-check alone proved
-    that there is none (then ``note`` says so). ``runtime`` and ``root`` are the low-level
-    runtime and its ``--root`` (its state folder, "" for its default), which ``gpuhook gc``
-    asks whether the container still exists; ``config`` the gpuhook config file that decided.
+    ``outcome`` None: nothing was decided because the spec carries no GPU request (``request``
+    is the parsed request; ``note`` may say why). ``runtime`` and ``root`` are the low-level
+    runtime and its ``--root`` (its state folder, "" for its default); ``config`` the gpuhook
+    config file that decided.
     """
     record: dict[str, Any] = {
         "record_version": RECORD_VERSION,
@@ -67,43 +68,46 @@ def build(
         "config": config,
         "runtime": {"path": runtime, "root": root},
     }
-    if outcome is None:
-        kube = request.kubernetes if request is not None else None
-        record["kubernetes"] = kube.to_dict() if kube is not None else None
-        record["request"] = request.to_dict() if request is not None else None
-        record["allocation"] = None
-        record["allocation_error"] = ""
-        record["decision"] = {
+    record.update(_decided(outcome) if outcome is not None else _undecided(request, note))
+    return record
+
+
+def _undecided(request: Request | None, note: str) -> dict[str, Any]:
+    kube = request.kubernetes if request is not None else None
+    reason = {"channel": "-", "value": "", "verdict": "ignored", "why": note or NO_REQUEST}
+    return {
+        "kubernetes": kube.to_dict() if kube is not None else None,
+        "request": request.to_dict() if request is not None else None,
+        "allocation": None,
+        "allocation_error": "",
+        "decision": {
             "gpu_container": False,
             "devices": [],
             "driver_only": False,
             "capabilities": [],
             "channel": None,
             "refused": False,
-            "reasons": [
-                {
-                    "channel": "-",
-                    "value": "",
-                    "verdict": "ignored",
-                    "why": note or NO_REQUEST,
-                }
-            ],
-        }
-        record["edits"] = {"env": [], "deviceNodes": [], "mounts": [], "hooks": []}
-        record["mps"] = None  # MPS limits: none without a GPU
-        record["spec_changed"] = False
-        return record
+            "reasons": [reason],
+        },
+        "edits": {"env": [], "deviceNodes": [], "mounts": [], "hooks": []},
+        "mps": None,  # MPS limits: none without a GPU
+        "spec_changed": False,
+    }
+
+
+def _decided(outcome: Outcome) -> dict[str, Any]:
     req = outcome.request
-    record["kubernetes"] = req.kubernetes.to_dict() if req.kubernetes else None
-    record["request"] = req.to_dict()
-    record["allocation"] = outcome.allocation.to_dict() if outcome.allocation else None
-    record["allocation_error"] = outcome.allocation_error
-    record["decision"] = outcome.decision.to_dict()
-    record["edits"] = outcome.edits.to_dict()
-    record["spec_changed"] = outcome.changed
-    # MPS limits of a shared GPU (CUDA_MPS_* and the pipe directory), with their sources
-    record["mps"] = outcome.mps.to_dict() if outcome.mps is not None else None
-    return record
+    return {
+        "kubernetes": req.kubernetes.to_dict() if req.kubernetes else None,
+        "request": req.to_dict(),
+        "allocation": outcome.allocation.to_dict() if outcome.allocation else None,
+        "allocation_error": outcome.allocation_error,
+        "decision": outcome.decision.to_dict(),
+        "edits": outcome.edits.to_dict(),
+        "spec_changed": outcome.changed,
+        # MPS limits of a shared GPU (CUDA_MPS_* and the pipe directory), with their sources
+        "mps": outcome.mps.to_dict() if outcome.mps is not None else None,
+    }
 
 
 def write(config: Config, container_id: str, bundle: str, record: dict[str, Any]) -> str:

@@ -39,6 +39,10 @@ SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
 LDCONFIG_TIMEOUT_S = 15.0  # wall time; the hook's own timeout in the spec is 30 s
 LDCONFIG_CPU_S = 10
 LDCONFIG_DATA_LIMIT = 256 << 20  # RLIMIT_DATA: heap; read-only maps of big libraries do not count
+LDCONFIG_TIMEOUT_MAX_S = 3600
+# update-ldcache's flags, each with a value. These bounds and flags are rendered into the
+# installed ``gpuhook`` dispatcher's sh fast path (gpuhook.runtime.dispatch): one table.
+UPDATE_LDCACHE_FLAGS = ("--folder", "--ldconfig", "--rootfs", "--timeout")
 
 
 def update_ldcache(argv: list[str], stdin: bytes) -> tuple[list[str], float]:
@@ -53,7 +57,7 @@ def update_ldcache(argv: list[str], stdin: bytes) -> tuple[list[str], float]:
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--folder", "--ldconfig", "--rootfs", "--timeout") and i + 1 < len(argv):
+        if arg in UPDATE_LDCACHE_FLAGS and i + 1 < len(argv):
             if arg == "--folder":
                 folders.append(argv[i + 1])
             elif arg == "--rootfs":
@@ -93,9 +97,10 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0 < value <= 3600:
+    if not 0 < value <= LDCONFIG_TIMEOUT_MAX_S:
         raise UsageError(
-            f"hook update-ldcache: invalid --timeout {text!r} (seconds, 0 < t <= 3600)"
+            f"hook update-ldcache: invalid --timeout {text!r} "
+            f"(seconds, 0 < t <= {LDCONFIG_TIMEOUT_MAX_S})"
         )
     return value
 

@@ -6,8 +6,11 @@ other subcommand is exec'ed straight through. It never writes to stdout. Its own
 stderr as one line and into runc's ``--log`` file in runc's format, where docker and containerd
 pick them up.
 
-The hot path: a spec without any GPU marker bytes is passed through after a byte scan, with no
-JSON parse and no import beyond :mod:`os` and gpuhook's own small modules.
+The installed sh dispatcher passes a create whose spec holds no GPU marker straight to the
+runtime without Python; the shim does the same when the dispatcher hands it such a create
+(an unusual case: no trusted cache, the debug switch), after a byte scan, with no JSON parse.
+``exec`` of a container whose grant carries environment gets it in its process file
+(:mod:`gpuhook.records.execenv`); ``delete`` removes that marker.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import os
 import sys
 
 from gpuhook import __version__
-from gpuhook.errors import GpuhookError, RuntimeNotFoundError, SpecError, describe
+from gpuhook.errors import GpuhookError, RuntimeNotFoundError, SpecError, UsageError, describe
 from gpuhook.runtime import runc_argv
 
 TYPE_CHECKING = False
@@ -30,12 +33,16 @@ if TYPE_CHECKING:
     from gpuhook.runtime.runc_argv import RuntimeArgs
 
 PROG = "gpuhook-runtime"
+NOTE = "no GPU marker in config.json (the spec was not parsed)"
 
 
 def main(argv: list[str]) -> int:
     args = runc_argv.parse(argv[1:])
-    if args.is_create:
+    how = runc_argv.route(args, argv[1:])
+    if how == runc_argv.CREATE:
         return _create(argv, args)
+    if how == runc_argv.REFUSE:
+        return _fail(args, UsageError(_unplaced(args)))
     config = _config_or_none()
     runtime = _runtime(config)
     if args.version:
@@ -43,7 +50,55 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
     if not runtime:
         return _fail(args, RuntimeNotFoundError("no low-level OCI runtime (runc or crun) found"))
+    if config is not None and how == runc_argv.EXEC:
+        failure = _exec_env(config, args, argv[1:])
+        if failure is not None:
+            return _fail(args, failure)
+    if config is not None and how == runc_argv.DELETE:
+        return _delete(config, runtime, argv, args)
     return _exec(runtime, argv, args)
+
+
+def _unplaced(args: RuntimeArgs) -> str:
+    return (
+        f"cannot read the runtime's arguments: {args.unknown!r} is not a flag of "
+        f"{args.command or 'the runtime'} that gpuhook-runtime knows, so it cannot tell which "
+        "container the call is for; refusing (gpuhook-runtime never passes a create, or an exec "
+        "of a GPU container, that it cannot read)"
+    )
+
+
+def _exec_env(config: Config, args: RuntimeArgs, argv: list[str]) -> GpuhookError | None:
+    """Add the container's granted environment to an exec's process file (see
+    :mod:`gpuhook.records.execenv`); an error when an exec of a marked container cannot get it."""
+    from gpuhook.records import execenv
+    from gpuhook.records.writer import valid_id
+
+    try:
+        if args.unknown:  # the id cannot be placed: refuse when a marked container may be meant
+            marked = [a for a in argv if valid_id(a) and execenv.load(config.state_dir, a)]
+            return UsageError(_unplaced(args)) if marked else None
+        marker = execenv.load(config.state_dir, args.container_id)
+        if marker is not None and args.process and marker.get("root", "") == args.root:
+            execenv.apply(args.process, marker)
+    except GpuhookError as exc:
+        return exc
+    return None
+
+
+def _delete(config: Config, runtime: str, argv: list[str], args: RuntimeArgs) -> int:
+    """Run the runtime's delete; when it succeeds, remove the container's exec-env marker."""
+    import subprocess
+
+    from gpuhook.records import execenv
+
+    try:
+        code = subprocess.run([runtime, *argv[1:]], check=False).returncode
+    except OSError as exc:
+        return _fail(args, RuntimeNotFoundError(f"cannot execute {runtime}: {exc.strerror}"))
+    if code == 0:
+        execenv.forget(config.state_dir, args.container_id)
+    return code
 
 
 def _config_or_none() -> Config | None:
@@ -72,66 +127,91 @@ def _exec(runtime: str, argv: list[str], args: RuntimeArgs) -> int:
         return _fail(args, RuntimeNotFoundError(f"cannot execute {runtime}: {exc.strerror}"))
 
 
+def _exec_configured(config: Config | None, argv: list[str], args: RuntimeArgs) -> int:
+    runtime = _runtime(config)
+    if not runtime:
+        return _fail(args, RuntimeNotFoundError("no low-level OCI runtime found"))
+    return _exec(runtime, argv, args)
+
+
 def _create(argv: list[str], args: RuntimeArgs) -> int:
+    """A spec without any GPU marker is passed through with no record (as the sh dispatcher
+    does); anything else gets the full decision."""
     from gpuhook import markers
-    from gpuhook.runtime import fastpath, ocispec
+    from gpuhook.runtime import ocispec
 
     bundle = os.path.abspath(args.bundle or ".")
     try:
         raw = ocispec.read_raw(bundle)
     except SpecError as exc:
         return _fail(args, exc)
+    if markers.may_request_gpu(raw):
+        return _create_full(argv, args, bundle, raw)
+    config = _config_or_none()
+    if config is not None:
+        _forget_exec_env(config, args)
+        _configure_log(config)
+        _log_no_request(args, bundle, None, NOTE)
+    return _exec_configured(config, argv, args)
 
-    if not markers.may_request_gpu(raw):
-        identity = fastpath.identity_before_load()
-        config = _config_or_none()
-        runtime = _runtime(config)
-        if config is not None:
-            _configure_log(config)
-            _record_and_log(config, args, bundle, None, fastpath.NOTE)
-            # The next container without GPU markers takes gpuhook.runtime.fastpath (no os, no
-            # config).
-            fastpath.remember(identity, config)
-        if not runtime:
-            return _fail(args, RuntimeNotFoundError("no low-level OCI runtime found"))
-        return _exec(runtime, argv, args)
 
-    return _create_full(argv, args, bundle, raw)
+def _forget_exec_env(config: Config, args: RuntimeArgs) -> None:
+    """A new container with the id of an earlier one: the earlier one's marker is not its own."""
+    from gpuhook.records import execenv
+
+    cid = args.container_id
+    if cid and cid not in (".", "..") and "/" not in cid:
+        try:
+            execenv.forget(config.state_dir, args.container_id)
+        except OSError:
+            pass
 
 
 def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) -> int:
     from gpuhook import config as config_mod
-    from gpuhook import log
     from gpuhook.pipeline import request
-    from gpuhook.runtime import decide, ocispec
+    from gpuhook.runtime import ocispec
 
     try:
         spec = ocispec.parse(raw, bundle)
-    except SpecError as exc:
-        return _fail(args, exc)
-    try:
         req = request.parse(spec)
     except SpecError as exc:
         return _fail(args, exc)
-    has_request = bool(req.channels)
     config: Config | None
     try:
         config = config_mod.load()
     except GpuhookError as exc:
-        if has_request:
+        if req.channels:
             return _fail(args, exc)
         config = None  # not a GPU container: never blocked by gpuhook's own faults
-    if config is None or not has_request:
+    if config is not None:
+        _forget_exec_env(config, args)
+        _configure_log(config)
+    if config is None or not req.channels:
         if config is not None:
-            _configure_log(config)
-            _record_and_log(config, args, bundle, req, "")
-        runtime = _runtime(config)
-        if not runtime:
-            return _fail(args, RuntimeNotFoundError("no low-level OCI runtime found"))
-        return _exec(runtime, argv, args)
+            _log_no_request(args, bundle, req, "")
+            failure = _record(config, args, bundle, None, request=req)
+            if failure:
+                _logger(args, bundle).warning("record not written", error=failure)
+        return _exec_configured(config, argv, args)
+    return _decide(argv, args, bundle, spec, config)
 
-    _configure_log(config)
-    logger = log.get_logger(container_id=args.container_id, bundle=bundle)
+
+def _logger(args: RuntimeArgs, bundle: str) -> Any:
+    from gpuhook import log
+
+    return log.get_logger(container_id=args.container_id, bundle=bundle)
+
+
+def _decide(
+    argv: list[str], args: RuntimeArgs, bundle: str, spec: dict[str, Any], config: Config
+) -> int:
+    """A GPU request: decide, rewrite the spec, write the record and the exec-env marker."""
+    from gpuhook.records import execenv
+    from gpuhook.runtime import decide, ocispec
+
+    logger = _logger(args, bundle)
+    env_before = (spec.get("process") or {}).get("env")
     usage = _MpsUsage(config, args.container_id)
     try:
         try:
@@ -147,6 +227,23 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
         failure = _record(config, args, bundle, outcome)
     finally:
         usage.release()  # after the record: the next MPS create counts this container
+    env_after = (outcome.spec.get("process") or {}).get("env")
+    marker_failure = execenv.remember(
+        config.state_dir, args.container_id, args.root, env_before, env_after
+    )
+    _log_decision(logger, outcome)
+    if failure:
+        logger.warning("record not written", error=failure)
+    if marker_failure:
+        logger.warning("exec-env marker not written", error=marker_failure)
+    try:
+        runtime = config.require_runtime()
+    except GpuhookError as exc:
+        return _fail(args, exc)
+    return _exec(runtime, argv, args)
+
+
+def _log_decision(logger: Any, outcome: Outcome) -> None:
     decision = outcome.decision
     logger.info(
         "decision",
@@ -159,13 +256,6 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
         spec_changed=outcome.changed,
         mps=outcome.mps.to_dict() if outcome.mps is not None else None,
     )
-    if failure:
-        logger.warning("record not written", error=failure)
-    try:
-        runtime = config.require_runtime()
-    except GpuhookError as exc:
-        return _fail(args, exc)
-    return _exec(runtime, argv, args)
 
 
 class _MpsUsage:
@@ -231,30 +321,27 @@ def _record(
         return f"record failed: {exc!r}"
 
 
-def _record_and_log(
-    config: Config, args: RuntimeArgs, bundle: str, req: Request | None, note: str
-) -> None:
-    """A container that asked for no GPU: its record and a debug ``decision`` event shaped as
-    the GPU path's, plus a warning when the record could not be written."""
+def _log_no_request(args: RuntimeArgs, bundle: str, req: Request | None, note: str) -> None:
+    """A container that asked for no GPU: a debug ``decision`` event shaped as the GPU path's
+    (no record: records are kept for containers whose spec carries a GPU marker)."""
     from gpuhook import log
+
+    if not log.debug_enabled():
+        return
     from gpuhook.records import writer
 
-    failure = _record(config, args, bundle, None, note=note, request=req)
-    logger = log.get_logger(container_id=args.container_id, bundle=bundle)
-    if log.debug_enabled():
-        why = note or writer.NO_REQUEST
-        logger.debug(
-            "decision",
-            gpu_container=False,
-            channel=None,
-            devices=[],
-            refused=False,
-            reasons=[{"channel": "-", "value": "", "verdict": "ignored", "why": why}],
-            kubernetes=req.kubernetes.to_dict() if req is not None and req.kubernetes else None,
-            spec_changed=False,
-        )
-    if failure:
-        logger.warning("record not written", error=failure)
+    _logger(args, bundle).debug(
+        "decision",
+        gpu_container=False,
+        channel=None,
+        devices=[],
+        refused=False,
+        reasons=[
+            {"channel": "-", "value": "", "verdict": "ignored", "why": note or writer.NO_REQUEST}
+        ],
+        kubernetes=req.kubernetes.to_dict() if req is not None and req.kubernetes else None,
+        spec_changed=False,
+    )
 
 
 def _fail(args: RuntimeArgs, exc: BaseException) -> int:
