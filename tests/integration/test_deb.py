@@ -491,9 +491,8 @@ def install_and_use(chroot: Chroot, built: Built) -> set[str]:
     assert (
         chroot.root / "etc/systemd/system/paths.target.wants/gpuhook-inventory.path"
     ).is_symlink()
-    assert (chroot.root / "run/gpuhook/config/etc/gpuhook/config.yaml/runtime").read_text() == (
-        "/usr/sbin/runc\n"
-    )
+    pointer = chroot.root / "run/gpuhook/config/etc/gpuhook/config.yaml/runtime"
+    assert pointer.read_text().splitlines()[0] == "/usr/sbin/runc"
     return set(installed) - before - {"gpuhook"}
 
 

@@ -120,13 +120,16 @@ def validated_config(config_file: str | None) -> tuple[bytes, dict[str, Any]]:
 
 
 def footprint(data: dict[str, Any], engine_config: str) -> tuple[str, ...]:
-    """The host paths gpuhook may create on the node (its folders, config, state, log, cache)."""
+    """The host paths gpuhook may create on the node (its folders, config, state, log, cache,
+    CDI spec)."""
     paths = [bundle.PREFIX, os.path.dirname(CONFIG), CONFIG, data["state_dir"]]
     paths += [os.path.dirname(config_mod.CACHE_ROOT), engine_config]
     if data["inventory"]["path"]:
         paths.append(data["inventory"]["path"])
     if data["log"]["file"]:
         paths.append(os.path.dirname(data["log"]["file"]))
+    if data["cdi"]["output"]:  # the inventory refresh writes the CDI spec there
+        paths += [os.path.dirname(data["cdi"]["output"]), data["cdi"]["output"]]
     return tuple(dict.fromkeys(os.path.normpath(p) for p in paths))
 
 
