@@ -91,6 +91,7 @@ def host_config(node_config: Path, host_root: Path) -> str:
     data = yaml.safe_load(node_config.read_text())
     for key in ("driver_root", "dev_root"):
         data[key] = "/" + os.path.relpath(data[key], host_root)
+    data["cdi"]["output"] = "/" + os.path.relpath(data["cdi"]["output"], host_root)
     for key in ("state_dir", "log"):
         data.pop(key)
     data["runtime"] = {"path": "/usr/sbin/runc"}
