@@ -972,6 +972,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     opts = parse_args(argv)
+    # the runs chdir into bundles: output paths are taken against the caller's folder now
+    opts.json = os.path.abspath(opts.json) if opts.json else opts.json
+    opts.markdown = os.path.abspath(opts.markdown) if opts.markdown else opts.markdown
     if os.geteuid() != 0:
         sys.stderr.write("bench: needs root (runc, mknod)\n")
         return 2

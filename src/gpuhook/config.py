@@ -36,6 +36,12 @@ POINTER_NAME = "runtime"
 # world-writable) is never acted on, nor a symbolic link, nor a file owned by anyone but root or
 # the running user. gpuhook.runtime.dispatch renders the sh dispatcher's check from this.
 UNTRUSTED_MODE = 0o022
+# The sh dispatcher's pointer carries the set-user-ID bit as a tamper witness (it is no program:
+# the bit grants nothing). The kernel clears it whenever a process without CAP_FSETID writes,
+# truncates or chowns the file, so a pointer that still has it holds what gpuhook wrote. sh
+# cannot read the other mode bits without starting a process (about 1 ms a call); it tests this
+# one with `[ -u ]`, and a pointer without it goes to Python, which writes it anew.
+POINTER_MODE = 0o4644
 
 # The one statement of every default. config/config.yaml.example mirrors it (a test checks).
 DEFAULTS: dict[str, Any] = {
@@ -381,7 +387,10 @@ def load(explicit: str | None = None, *, use_cache: bool = True) -> Config:
     if use_cache:
         cached = _read_cache(cache_dir, identity)
         if cached is not None:
-            return Config(path, cached["config"], cached["runtime"])
+            config = Config(path, cached["config"], cached["runtime"])
+            if not _pointer_intact(cache_dir):
+                _write_cache(cache_dir, identity, config)
+            return config
     data = compile_file(path)
     config = Config(path, data, resolve_runtime(data["runtime"]["path"]))
     _write_cache(cache_dir, identity, config)
@@ -429,6 +438,17 @@ def pointer_text(config: Config) -> str:
     return "".join(x + "\n" for x in lines)
 
 
+def _pointer_intact(cache_dir: str) -> bool:
+    """The sh pointer is there, trusted and still carries its witness (or none is needed)."""
+    try:
+        st = os.lstat(os.path.join(cache_dir, POINTER_NAME))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # unreadable here: nothing this process could repair
+    return trusted_file(st) and bool(st.st_mode & 0o4000)
+
+
 def _write_cache(cache_dir: str, identity: list[Any], config: Config) -> None:
     """Best effort: a node where /run/gpuhook is not writable only loses speed."""
     from gpuhook import _fastjson
@@ -446,7 +466,7 @@ def _write_cache(cache_dir: str, identity: list[Any], config: Config) -> None:
         runtime_file = os.path.join(cache_dir, POINTER_NAME)
         pointer = pointer_text(config)
         if pointer:
-            atomic_write(runtime_file, pointer.encode(), 0o644, fsync=False)
+            atomic_write(runtime_file, pointer.encode(), POINTER_MODE, fsync=False)
         elif os.path.lexists(runtime_file):
             os.unlink(runtime_file)
     except OSError:

@@ -95,6 +95,24 @@ def test_an_untrusted_runtime_pointer_is_ignored(
     assert out.read_text() == "configured\n"
 
 
+def test_python_writes_the_pointer_anew_when_its_witness_is_gone(
+    cached: tuple[dict[str, str], Path, str, Path],
+) -> None:
+    """A pointer someone else wrote (the kernel dropped its set-user-ID witness) sends the call
+    to Python, which runs the configured runtime and writes the pointer anew, witness and all."""
+    env, cache, planted, out = cached
+    pointer = cache / "runtime"
+    assert pointer.stat().st_mode & 0o7777 == config_mod.POINTER_MODE
+    plant_pointer(pointer, planted)
+    pointer.chmod(0o644)  # what a write by anyone without CAP_FSETID leaves
+    assert passthrough(env).returncode == 42
+    assert out.read_text() == "configured\n"
+    assert pointer.stat().st_mode & 0o7777 == config_mod.POINTER_MODE
+    assert pointer.read_text().splitlines()[0] != planted
+    assert passthrough(env).returncode == 42  # and the dispatcher uses it again
+    assert out.read_text() == "configured\n"
+
+
 def plant_compiled(cache: Path, planted: str) -> Path:
     """Point compiled.json's runtime at ``planted`` and drop the sh pointer, so that the
     dispatcher goes through Python, which reads compiled.json."""

@@ -61,7 +61,7 @@ class Node:
 
     def write_pointer(self, level: str = "info") -> None:
         self.pointer.write_text(f"{self.root / 'runtime'}\n{self.state}\n{level}\n")
-        self.pointer.chmod(0o644)
+        self.pointer.chmod(config_mod.POINTER_MODE)
 
     def run(self, argv: list[str], cwd: Path, **env: str) -> str:
         out = subprocess.run(
@@ -186,30 +186,55 @@ def test_unusual_cases_go_to_python(node: Node) -> None:
     assert not marker.exists()  # the delete succeeded
 
 
-@pytest.mark.parametrize("how", ["control", "symlink", "owner", "group-writable", "world-writable"])
+def write_as_nobody(path: Path, text: str) -> None:
+    """Overwrite ``path`` from a process of user nobody (no capabilities), as an attacker would
+    who found it writable."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with open(path, "w") as fh:
+                fh.write(text)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
+HOWS = ["control", "symlink", "owner", "group-writable", "world-writable", "no-witness"]
+
+
+@pytest.mark.parametrize("how", [*HOWS, "written-by-another-user"])
 def test_pointer_trust_is_the_python_rule(node: Node, how: str) -> None:
-    """The dispatcher trusts the pointer exactly when gpuhook.config.trusted_file trusts it."""
+    """The dispatcher acts on the pointer only when gpuhook.config.trusted_file trusts it and it
+    still carries the witness of being unchanged since gpuhook wrote it; a pointer that someone
+    else could write, and then did, is never acted on."""
     cwd = node.root / "cwd"
     cwd.mkdir(exist_ok=True)
     node.write_pointer()
     real = node.pointer.with_name("real")
     if how == "symlink":
         real.write_text(node.pointer.read_text())
+        real.chmod(config_mod.POINTER_MODE)
         node.pointer.unlink()
         node.pointer.symlink_to(real)
     elif how == "owner":
         os.chown(node.pointer, 65534, 65534)
+    elif how == "no-witness":
+        node.pointer.chmod(0o644)
+    elif how == "written-by-another-user":
+        node.pointer.chmod(config_mod.POINTER_MODE | 0o666)  # root's mistake: world-writable
+        assert node.run(["state", "c1"], cwd) == "runtime"  # nothing changed it yet
+        write_as_nobody(node.pointer, node.pointer.read_text())  # the kernel drops the witness
     elif how != "control":
         node.pointer.chmod(0o664 if how == "group-writable" else 0o646)
+    st = os.lstat(node.pointer)
+    trusted = config_mod.trusted_file(os.stat(node.pointer)) and not os.path.islink(node.pointer)
+    witness = bool(st.st_mode & 0o4000)
     try:
-        fd = os.open(node.pointer, os.O_RDONLY | os.O_NOFOLLOW)
-        trusted = config_mod.trusted_file(os.fstat(fd))
-        os.close(fd)
-    except OSError:
-        trusted = False
-    try:
-        assert node.run(["state", "c1"], cwd) == ("runtime" if trusted else "python")
-        assert trusted == (how == "control")
+        assert node.run(["state", "c1"], cwd) == ("runtime" if trusted and witness else "python")
+        assert (trusted and witness) == (how == "control")
     finally:
         node.pointer.unlink()
         real.unlink(missing_ok=True)

@@ -29,7 +29,7 @@ def test_the_runtime_dispatcher_carries_the_tables() -> None:
     for scope, table in [("g", runc_argv.GLOBAL_FLAGS), *runc_argv.COMMAND_FLAGS.items()]:
         for flag in table:
             assert f"{scope}:{flag}|" in text or f"{scope}:{flag})" in text, (scope, flag)
-    assert f"-perm /{config.UNTRUSTED_MODE:03o}" in text
+    assert '[ -O "$p" ] && [ -u "$p" ]' in text and f"mode {config.POINTER_MODE:04o}" in text
 
 
 def test_the_hook_dispatcher_carries_the_bounds() -> None:

@@ -66,7 +66,7 @@ def substitutions(python: str, pkgdir: str) -> dict[str, str]:
         "PKGDIR": pkgdir,
         "DEFAULT_CONFIG": config.DEFAULT_PATH,
         "POINTER": config.CACHE_ROOT + "$c/" + config.POINTER_NAME,
-        "UNTRUSTED_MODE": f"{config.UNTRUSTED_MODE:03o}",
+        "POINTER_MODE": f"{config.POINTER_MODE:04o}",
         "EXEC_ENV_DIR": execenv.DIR,
         "CREATES": _patterns(creates),
         "PARSED": _patterns(sorted(runc_argv.COMMAND_FLAGS)),
