@@ -7,8 +7,9 @@ normalized copy is cached as JSON under ``/run/gpuhook/config/<absolute config p
 reused while the file's identity (device, inode, size, mtime) and gpuhook's version are unchanged.
 The same folder holds ``runtime``, the pointer the ``gpuhook-runtime`` sh dispatcher reads to
 run calls without Python: three lines, the resolved low-level runtime path, the state folder
-(where the exec-env markers are) and the log level. Both sides trust a cache file by the one
-rule :func:`trusted_file` (the dispatcher's check is rendered from :data:`UNTRUSTED_MODE`).
+(where the exec-env markers are) and the log level. Python trusts a cache file by the one rule
+:func:`trusted_file`; the dispatcher, which cannot read mode bits without a process, trusts the
+pointer by owner, type and the set-user-ID witness of :data:`POINTER_MODE` (see there).
 """
 
 from __future__ import annotations
