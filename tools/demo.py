@@ -148,17 +148,9 @@ def main() -> None:
     )
     print(f"$ gpuhook-runtime --root {state} run --bundle {b3} demo-alloc")
     print(testbed.run_container(b3, "demo-alloc", state, env).stdout, end="")
-    sh(
-        [
-            testbed.GPUHOOK,
-            "inspect",
-            "spec",
-            str(os.path.join(b3, "config.json")),
-            "--output",
-            "table",
-        ],
-        env,
-    )
+    # What was decided, from the decision records the creates wrote: the pod, then one container.
+    sh([testbed.GPUHOOK, "inspect", "pod", "ml/trainer", "--output", "table"], env)
+    sh([testbed.GPUHOOK, "inspect", "container", "demo-alloc", "--output", "table"], env)
     print(f"\nDemo files are in {DEMO}. Use: export GPUHOOK_CONFIG={env['GPUHOOK_CONFIG']}")
 
 
