@@ -294,18 +294,10 @@ def mps_table(view: dict[str, Any], color: bool = False) -> str:
 
 
 def outcome_view(outcome: Outcome, bundle: str) -> dict[str, Any]:
-    req = outcome.request
-    return {
-        "bundle": bundle,
-        "kubernetes": req.kubernetes.to_dict() if req.kubernetes else None,
-        "request": req.to_dict(),
-        "allocation": outcome.allocation.to_dict() if outcome.allocation else None,
-        "allocation_error": outcome.allocation_error,
-        "decision": outcome.decision.to_dict(),
-        "edits": outcome.edits.to_dict(),
-        "mps": outcome.mps.to_dict() if outcome.mps is not None else None,
-        "spec_changed": outcome.changed,
-    }
+    """``gpuhook inspect spec``: the bundle and the decision, in the decision record's shape."""
+    from gpuhook.records import writer
+
+    return {"bundle": bundle, **writer.decided_view(outcome)}
 
 
 def _mount_rows(mounts: list[dict[str, Any]]) -> list[list[str]]:

@@ -68,7 +68,7 @@ def build(
         "config": config,
         "runtime": {"path": runtime, "root": root},
     }
-    record.update(_decided(outcome) if outcome is not None else _undecided(request, note))
+    record.update(decided_view(outcome) if outcome is not None else _undecided(request, note))
     return record
 
 
@@ -95,7 +95,8 @@ def _undecided(request: Request | None, note: str) -> dict[str, Any]:
     }
 
 
-def _decided(outcome: Outcome) -> dict[str, Any]:
+def decided_view(outcome: Outcome) -> dict[str, Any]:
+    """What was decided and injected, as the record (and ``gpuhook inspect spec``) shows it."""
     req = outcome.request
     return {
         "kubernetes": req.kubernetes.to_dict() if req.kubernetes else None,
