@@ -172,10 +172,8 @@ def plan(
         drop_in=drop_in,
     )
     before = read_text(path)
-    if engine == registration.DOCKER:
-        return _single(req, before, _docker_edit(req, before))
-    if engine == registration.PODMAN:
-        return _single(req, before, _podman_edit(req, before))
+    if engine in (registration.DOCKER, registration.PODMAN):
+        return _single(req, before, _file_edit(req, before))
     version = _version(before, new_version)
     if drop_in is None:
         return _single(req, before, _containerd_edit(req, before, version))
@@ -196,28 +194,22 @@ def _single(req: _Request, before: str | None, edit: registration.Edit) -> Plan:
     return Plan(req.engine, req.action, (_change(req.path, before, edit),), edit.notes, service)
 
 
-def _docker_edit(req: _Request, before: str | None) -> registration.Edit:
+def _file_edit(req: _Request, before: str | None) -> registration.Edit:
+    """docker's daemon.json or podman's containers.conf: one file, the engine's own pair of
+    pure edits."""
+    configure, unconfigure = {
+        registration.DOCKER: (registration.docker_configure, registration.docker_unconfigure),
+        registration.PODMAN: (registration.podman_configure, registration.podman_unconfigure),
+    }[req.engine]
     if req.action == CONFIGURE:
-        return registration.docker_configure(
+        return configure(
             before,
             name=req.name,
             runtime_path=req.runtime_path,
             set_default=req.set_default,
             source=req.path,
         )
-    return registration.docker_unconfigure(before, name=req.name, source=req.path)
-
-
-def _podman_edit(req: _Request, before: str | None) -> registration.Edit:
-    if req.action == CONFIGURE:
-        return registration.podman_configure(
-            before,
-            name=req.name,
-            runtime_path=req.runtime_path,
-            set_default=req.set_default,
-            source=req.path,
-        )
-    return registration.podman_unconfigure(before, name=req.name, source=req.path)
+    return unconfigure(before, name=req.name, source=req.path)
 
 
 def _containerd_edit(req: _Request, before: str | None, version: int) -> registration.Edit:
