@@ -390,7 +390,7 @@ def load(explicit: str | None = None, *, use_cache: bool = True) -> Config:
         if cached is not None:
             config = Config(path, cached["config"], cached["runtime"])
             if not _pointer_intact(cache_dir):
-                _write_cache(cache_dir, identity, config)
+                _write_pointer(cache_dir, config)
             return config
     data = compile_file(path)
     config = Config(path, data, resolve_runtime(data["runtime"]["path"]))
@@ -440,11 +440,11 @@ def pointer_text(config: Config) -> str:
 
 
 def _pointer_intact(cache_dir: str) -> bool:
-    """The sh pointer is there, trusted and still carries its witness (or none is needed)."""
+    """The sh pointer is there, trusted and still carries its witness."""
     try:
         st = os.lstat(os.path.join(cache_dir, POINTER_NAME))
     except FileNotFoundError:
-        return False
+        return False  # _write_pointer writes it only when the config allows one
     except OSError:
         return True  # unreadable here: nothing this process could repair
     return trusted_file(st) and bool(st.st_mode & 0o4000)
@@ -464,8 +464,18 @@ def _write_cache(cache_dir: str, identity: list[Any], config: Config) -> None:
             0o644,
             fsync=False,
         )
-        runtime_file = os.path.join(cache_dir, POINTER_NAME)
-        pointer = pointer_text(config)
+    except OSError:
+        return
+    _write_pointer(cache_dir, config)
+
+
+def _write_pointer(cache_dir: str, config: Config) -> None:
+    """(Re)write the sh dispatcher's pointer, or remove it when the config allows none."""
+    from gpuhook.fsutil import atomic_write
+
+    runtime_file = os.path.join(cache_dir, POINTER_NAME)
+    pointer = pointer_text(config)
+    try:
         if pointer:
             atomic_write(runtime_file, pointer.encode(), POINTER_MODE, fsync=False)
         elif os.path.lexists(runtime_file):
