@@ -15,7 +15,13 @@ if TYPE_CHECKING:
 
     from gpuhook.config import Config
     from gpuhook.model.inventory import Inventory
-    from gpuhook.pipeline.flow import MpsUsageSource, Outcome
+    from gpuhook.pipeline.flow import (
+        CheckpointSource,
+        InventorySource,
+        MpsProbe,
+        MpsUsageSource,
+        Outcome,
+    )
     from gpuhook.pipeline.kubelet import Allocation
 
 
@@ -66,20 +72,22 @@ def run(
     config: Config,
     *,
     bundle: str = "",
+    rootfs: str | None = None,
+    inventory_source: InventorySource = inventory,
+    checkpoint_source: CheckpointSource = checkpoint,
+    mps_probe: MpsProbe = mps_probe,
     mps_usage_source: MpsUsageSource | None = None,
-    **sources: Any,
 ) -> Outcome:
-    """:func:`gpuhook.pipeline.flow.run` with the node's real sources (any one can be replaced by
-    keyword, as tests do) and the rootfs taken from ``bundle``."""
+    """:func:`gpuhook.pipeline.flow.run` with the node's real sources (any one can be replaced,
+    as tests do) and the rootfs taken from ``bundle`` unless given ("" without either)."""
     from gpuhook.pipeline import flow
 
     return flow.run(
         spec,
         config,
-        inventory_source=sources.pop("inventory_source", inventory),
-        checkpoint_source=sources.pop("checkpoint_source", checkpoint),
-        mps_probe=sources.pop("mps_probe", mps_probe),
+        inventory_source=inventory_source,
+        checkpoint_source=checkpoint_source,
+        mps_probe=mps_probe,
         mps_usage_source=mps_usage_source or mps_usage_of(config),
-        rootfs=sources.pop("rootfs", rootfs_of(bundle, spec) if bundle else ""),
-        **sources,
+        rootfs=rootfs if rootfs is not None else rootfs_of(bundle, spec) if bundle else "",
     )
