@@ -19,6 +19,8 @@ def decide(
     config = f.config(**cfg)
     req = request.parse(spec)
     alloc = None
+    if not policy.needs_allocation(req, config.policy):  # as flow.run: no checkpoint read
+        allocation, error = None, ""
     if allocation is not None and req.kubernetes is not None:
         alloc = Allocation(
             req.kubernetes.pod_uid,
@@ -356,7 +358,10 @@ def test_forged_or_unknown_identity_is_a_sandbox(annotations: dict[str, str], wh
 def test_crio_container_identity() -> None:
     spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=all"], annotations=f.crio())
     assert ids(decide(spec, allocation=[f.gpu_uuid(6)])) == ["6"]
-    assert decide(f.spec(annotations={**f.crio(ctype="sandbox"), **MARKER_CDI})).refused
+    sandbox = decide(
+        f.spec(annotations={**f.crio(ctype="sandbox"), **MARKER_CDI}), allocation=[f.gpu_uuid(0)]
+    )
+    assert sandbox.refused and sandbox.reasons[0].why == "a pod sandbox never gets GPUs"
 
 
 MARKER_CDI = {"cdi.k8s.io/x": "nvidia.com/gpu=0"}
@@ -388,3 +393,14 @@ def test_malformed_marker_of_a_verified_pod_is_refused_not_failed() -> None:
     }
     d = decide(f.spec(mounts=[marker], annotations=f.k8s()), allocation=[f.gpu_uuid(1)])
     assert d.refused and "malformed volume-mount marker" in d.reasons[0].why
+    assert "checkpoint" not in d.reasons[0].why  # it was not read: nothing to verify
+
+
+def test_a_pods_nvidia_hook_without_env_names_no_device() -> None:
+    """NVIDIA's hooks.d hook in a pod with no NVIDIA_VISIBLE_DEVICES: an empty env request,
+    refused as such (the checkpoint is not read for it, so it is not blamed)."""
+    hook = {"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["x", "prestart"]}
+    spec = f.spec(annotations=f.k8s(), hooks={"prestart": [hook]})
+    d = decide(spec, allocation=[f.gpu_uuid(1)])
+    assert d.refused and not d.devices
+    assert d.reasons[0].why == "the request names no device"

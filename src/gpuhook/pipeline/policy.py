@@ -130,9 +130,9 @@ def trust_markers(request: Request, policy: PolicyConfig, checkpoint: Checkpoint
     return _verified(request.kubernetes, checkpoint, "volume-mount markers")
 
 
-def trust_docker(request: Request, policy: PolicyConfig, checkpoint: Checkpoint) -> Trust:
-    if request.kubernetes is not None:  # NVIDIA's hooks.d hook, not docker: an env request
-        return trust_env(request, policy, checkpoint)
+def trust_docker(_request: Request, _policy: PolicyConfig, _checkpoint: Checkpoint) -> Trust:
+    """Only non-Kubernetes containers have this channel: in a pod the same hook is NVIDIA's
+    hooks.d file, which :func:`gpuhook.pipeline.request.parse` reads as an env request."""
     return Trust(True, "docker --gpus: the engine added its prestart hook")
 
 
@@ -239,9 +239,7 @@ def decide(
         )
     others = tuple(_superseded(req, chosen) for req in request.channels if req is not chosen)
     checkpoint = Checkpoint(allocation, allocation_error)
-    trust = _identity_refusal(request.kubernetes) or TRUST[chosen.channel](
-        request, policy, checkpoint
-    )
+    trust = _identity_refusal(request.kubernetes) or _trust(chosen, request, policy, checkpoint)
     if not trust.trusted:
         return _refused(chosen, trust.why, others)
     if chosen.problem:
@@ -265,6 +263,17 @@ def decide(
             reasons=(reason, *others),
         )
     return _grant(chosen, trust, inventory(), capabilities, others)
+
+
+def _trust(
+    chosen: ChannelRequest, request: Request, policy: PolicyConfig, checkpoint: Checkpoint
+) -> Trust:
+    """The chosen channel's trust. A verified container whose request names no device (empty or
+    malformed) has nothing to check against the checkpoint, which was not read for it
+    (:func:`needs_allocation`): limited to nothing, so it is refused for what it is."""
+    if not chosen.ids and _verifies(request, policy):
+        return Trust(True, "nothing to verify against the kubelet checkpoint", allowed=())
+    return TRUST[chosen.channel](request, policy, checkpoint)
 
 
 def _superseded(req: ChannelRequest, chosen: ChannelRequest) -> Reason:
