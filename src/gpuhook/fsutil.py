@@ -17,6 +17,12 @@ def temp_name(path: str) -> str:
     return f"{folder or '.'}/.{base}{TMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
 
 
+def temp_base(name: str) -> str:
+    """The base name whose temp file ``name`` is (see :func:`temp_name`); "" for other names."""
+    base, mark, _ = name[1:].partition(TMP_MARK)
+    return base if name.startswith(".") and mark else ""
+
+
 def is_temp_of(name: str, base: str) -> bool:
     """True when ``name`` (a file name) is a temp file left by :func:`atomic_write` of ``base``."""
     return name.startswith(f".{base}{TMP_MARK}")

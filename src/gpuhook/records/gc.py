@@ -14,6 +14,7 @@ import os
 import time
 
 from gpuhook.errors import GpuhookError
+from gpuhook.fsutil import temp_base
 from gpuhook.records.lookup import (
     DEFAULT_ROOTS,
     DELETED,
@@ -155,7 +156,7 @@ LIVE_ITEM = GcItem("", "", False, "alive")  # what _judge returns for a live con
 def _judge(folder: str, name: str, run: _Pass) -> GcItem | None:
     """What gc does with one entry of the records folder; None: not gc's (another file)."""
     link = os.path.join(folder, name)
-    if name.endswith(".tmp") and SUFFIX + "." in name:
+    if temp_base(name).endswith(SUFFIX):
         if _age(link, run.now) < run.grace_s:
             return None
         return _remove(link, name, "leftover of an interrupted record write", run.dry_run)
