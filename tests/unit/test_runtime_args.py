@@ -73,7 +73,8 @@ def test_parse_recovers_what_the_grammar_generated(case: tuple[list[str], dict[s
         assert args.bundle == want.get("bundle", "")
         assert args.container_id == want["id"]
         assert args.process == want.get("process", "")
-        assert route(args, argv) in (CREATE, EXEC, DELETE)
+        expected = {"exec": EXEC, "delete": DELETE}.get(want["command"], CREATE)
+        assert route(args, argv) == expected
 
 
 def test_forms_runc_and_crun_accept() -> None:
@@ -104,6 +105,16 @@ def test_unknown_flags_never_pass_a_create_through() -> None:
         assert route(args, argv) == REFUSE, argv
     args = parse(["--new-global", "state", "id"])
     assert route(args, ["--new-global", "state", "id"]) == PASS
+
+
+def test_an_exec_behind_an_unknown_flag_still_goes_to_the_exec_path() -> None:
+    """The exec path adds a GPU container's env (or refuses when it cannot tell which container
+    is meant); an unknown global flag must not turn that into a silent pass-through."""
+    for argv in (
+        ["--new-global", "exec", "--process", "/p", "c1"],
+        ["exec", "--new-flag", "--process", "/p", "c1"],
+    ):
+        assert route(parse(argv), argv) == EXEC, argv
 
 
 @settings(max_examples=300, deadline=None)

@@ -241,7 +241,9 @@ def route(args: RuntimeArgs, argv: list[str] | tuple[str, ...]) -> str:
         # Never a silent pass-through of a create the grammar cannot place.
         if args.is_create or (not args.command and any(a in CREATE_COMMANDS for a in argv)):
             return REFUSE
-        return EXEC if args.command == "exec" else PASS
+        # ...nor of an exec, which may be a GPU container's (the exec path looks for its marker).
+        exec_ = args.command == EXEC or (not args.command and EXEC in argv)
+        return EXEC if exec_ else PASS
     if args.is_create:
         return CREATE if args.container_id else PASS
     if args.command in (EXEC, DELETE) and args.container_id:
