@@ -284,3 +284,20 @@ def test_runtime_state_needs_two_witnesses(tmp_path: Path) -> None:
         None,
         f"cannot tell: runtime {tmp_path}/nope not found",
     )
+
+
+def test_exec_env_markers_are_never_made_of_an_id_runc_would_refuse(tmp_path: Path) -> None:
+    """The marker is named after the container id: a create with id ``../../x`` must not write
+    (or an exec read) a file outside ``<state_dir>/exec-env``."""
+    from gpuhook.records import execenv
+
+    state = tmp_path / "state"
+    failure = execenv.remember(str(state), "../../x", "/r", [], ["NVIDIA_VISIBLE_DEVICES=void"])
+    assert failure == "container id '../../x' is not a valid runc id; no exec-env marker"
+    assert not list(tmp_path.rglob("x")) and not state.exists()
+    (tmp_path / "planted").write_text('{"set": ["LD_PRELOAD=/evil.so"]}')
+    assert execenv.load(str(state), "../planted") is None
+    execenv.forget(str(state), "../planted")
+    assert (tmp_path / "planted").exists()
+    assert execenv.remember(str(state), "ok-1", "/r", [], ["A=1"]) == ""
+    assert execenv.load(str(state), "ok-1") == {"root": "/r", "set": ["A=1"], "unset": []}

@@ -2,7 +2,8 @@
 
 Owns: building and writing records (:mod:`.writer`, the one record writer), lookup by id or
 prefix, and listing (:mod:`.lookup`), gc of the links of deleted containers (:mod:`.gc`), the
-exec-env markers of containers whose grant carries environment (:mod:`.execenv`).
+exec-env markers of containers whose grant carries environment (:mod:`.execenv`), and the
+container-id rule both name files by (:mod:`.ids`).
 
 May import: gpuhook.pipeline, gpuhook.model, the top-level modules.
 """

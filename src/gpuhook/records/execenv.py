@@ -17,6 +17,7 @@ import os
 
 from gpuhook import _fastjson
 from gpuhook.errors import SpecError
+from gpuhook.records.ids import valid_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,7 +27,8 @@ DIR = "exec-env"  # under state_dir; the sh dispatcher's path is rendered from t
 
 
 def marker_path(state_dir: str, container_id: str) -> str:
-    return os.path.join(state_dir, DIR, container_id)
+    """Where the container's marker is; "" for an id runc would refuse (no path is made of it)."""
+    return os.path.join(state_dir, DIR, container_id) if valid_id(container_id) else ""
 
 
 def diff(before: list[str], after: list[str]) -> tuple[list[str], list[str]]:
@@ -47,6 +49,8 @@ def remember(state_dir: str, container_id: str, root: str, before: Any, after: A
     env_after = after if isinstance(after, list) else []
     added, removed = diff([str(e) for e in env_before], [str(e) for e in env_after])
     path = marker_path(state_dir, container_id)
+    if not path:
+        return f"container id {container_id!r} is not a valid runc id; no exec-env marker"
     try:
         if not added and not removed:
             forget(state_dir, container_id)
@@ -60,15 +64,20 @@ def remember(state_dir: str, container_id: str, root: str, before: Any, after: A
 
 
 def forget(state_dir: str, container_id: str) -> None:
+    """Remove the container's marker if it has one (best effort: never fails the caller)."""
+    path = marker_path(state_dir, container_id)
     try:
-        os.unlink(marker_path(state_dir, container_id))
-    except FileNotFoundError:
+        if path:
+            os.unlink(path)
+    except OSError:
         pass
 
 
 def load(state_dir: str, container_id: str) -> dict[str, Any] | None:
     """The container's marker, None when it has none. SpecError when it cannot be read."""
     path = marker_path(state_dir, container_id)
+    if not path:
+        return None
     try:
         with open(path, "rb") as fh:
             marker = _fastjson.loads(fh.read())

@@ -16,6 +16,7 @@ import time
 
 from gpuhook import __version__, _fastjson
 from gpuhook.fsutil import atomic_write, remove_stale_temps, temp_name
+from gpuhook.records.ids import valid_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,17 +29,6 @@ if TYPE_CHECKING:
 RECORD_NAME = "gpuhook-decision.json"
 RECORD_VERSION = 1
 NO_REQUEST = "no GPU request in the spec"
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-.")
-
-
-def valid_id(container_id: str) -> bool:
-    """runc's rule for container ids (``^[\\w+-.]+$``), minus the names ``.`` and ``..``."""
-    return (
-        bool(container_id)
-        and container_id not in (".", "..")
-        and len(container_id) <= 1024
-        and all(c in _ID_CHARS for c in container_id)
-    )
 
 
 def build(

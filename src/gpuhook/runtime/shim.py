@@ -72,7 +72,7 @@ def _exec_env(config: Config, args: RuntimeArgs, argv: list[str]) -> GpuhookErro
     """Add the container's granted environment to an exec's process file (see
     :mod:`gpuhook.records.execenv`); an error when an exec of a marked container cannot get it."""
     from gpuhook.records import execenv
-    from gpuhook.records.writer import valid_id
+    from gpuhook.records.ids import valid_id
 
     try:
         if args.unknown:  # the id cannot be placed: refuse when a marked container may be meant
@@ -87,10 +87,14 @@ def _exec_env(config: Config, args: RuntimeArgs, argv: list[str]) -> GpuhookErro
 
 
 def _delete(config: Config, runtime: str, argv: list[str], args: RuntimeArgs) -> int:
-    """Run the runtime's delete; when it succeeds, remove the container's exec-env marker."""
-    import subprocess
-
+    """Run the runtime's delete; when it succeeds, remove the container's exec-env marker (a
+    container without one: exec the runtime, as the dispatcher does)."""
     from gpuhook.records import execenv
+
+    marker = execenv.marker_path(config.state_dir, args.container_id)
+    if not marker or not os.path.lexists(marker):
+        return _exec(runtime, argv, args)
+    import subprocess
 
     try:
         code = subprocess.run([runtime, *argv[1:]], check=False).returncode
@@ -159,12 +163,7 @@ def _forget_exec_env(config: Config, args: RuntimeArgs) -> None:
     """A new container with the id of an earlier one: the earlier one's marker is not its own."""
     from gpuhook.records import execenv
 
-    cid = args.container_id
-    if cid and cid not in (".", "..") and "/" not in cid:
-        try:
-            execenv.forget(config.state_dir, args.container_id)
-        except OSError:
-            pass
+    execenv.forget(config.state_dir, args.container_id)
 
 
 def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) -> int:
