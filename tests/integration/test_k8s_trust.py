@@ -60,6 +60,20 @@ def test_dockershim_pod_with_image_all_and_no_allocation_gets_nothing(
     assert record(seen)["kubernetes"]["pod_uid"] == "pod-uid-1"
 
 
+def test_dockershim_pod_without_a_request_is_recorded_as_its_pod(
+    node: FakeNode, containers: Containers, tmp_path: Path
+) -> None:
+    """A marker but no request (NVIDIA_VISIBLE_DEVICES=void): the record still names the pod the
+    kubelet's mounts under the configured kubelet_dir say it is."""
+    root = kubelet(tmp_path)
+    env = dockershim_env(node, tmp_path, root, [])
+    mounts = f.kubelet_mounts(kubelet_dir=str(root))
+    seen = containers.probe(env, env=["NVIDIA_VISIBLE_DEVICES=void"], mounts=mounts)
+    assert seen["returncode"] == 0, seen["stderr"]
+    assert seen["dev"] == []
+    assert record(seen)["kubernetes"]["pod_uid"] == "pod-uid-1"
+
+
 def test_dockershim_pod_gets_its_allocation(
     node: FakeNode, containers: Containers, tmp_path: Path
 ) -> None:

@@ -87,6 +87,7 @@ def run(
     mps_probe: MpsProbe,
     mps_usage_source: MpsUsageSource,
     rootfs: str = "",
+    parsed: Request | None = None,
 ) -> Outcome:
     """Decide and compute the new spec. Raises GpuhookError subclasses with one-line messages.
 
@@ -95,8 +96,9 @@ def run(
     a grant of MPS-shared GPUs whether the group's control daemon runs (``mps_probe``) and the
     pinned memory limits of the live containers (``mps_usage_source``, read only under
     ``mps.oversubscription: reject``). ``rootfs``: the container's absolute rootfs when known.
+    ``parsed``: the caller's ``request.parse(spec, config.policy.kubelet_dir)``, when it has it.
     """
-    req = request.parse(spec, config.policy.kubelet_dir)
+    req = parsed or request.parse(spec, config.policy.kubelet_dir)
     inventory = _Memo(inventory_source, config)
     allocation, allocation_error = _allocation(req, config, checkpoint_source)
     decision = policy.decide(

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuhook.config import Config
+    from gpuhook.model.decision import Request
     from gpuhook.model.inventory import Inventory
     from gpuhook.pipeline.flow import (
         CheckpointSource,
@@ -77,6 +78,7 @@ def run(
     checkpoint_source: CheckpointSource = checkpoint,
     mps_probe: MpsProbe = mps_probe,
     mps_usage_source: MpsUsageSource | None = None,
+    parsed: Request | None = None,
 ) -> Outcome:
     """:func:`gpuhook.pipeline.flow.run` with the node's real sources (any one can be replaced,
     as tests do) and the rootfs taken from ``bundle`` unless given ("" without either)."""
@@ -90,4 +92,5 @@ def run(
         mps_probe=mps_probe,
         mps_usage_source=mps_usage_source or mps_usage_of(config),
         rootfs=rootfs if rootfs is not None else rootfs_of(bundle, spec) if bundle else "",
+        parsed=parsed,
     )

@@ -186,6 +186,8 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
     if config is not None:
         _forget_exec_env(config, args)
         _configure_log(config)
+        if config.policy.kubelet_dir != config_mod.KUBELET_DIR_DEFAULT:
+            req = request.parse(spec, config.policy.kubelet_dir)  # who it is, for the record
     if config is None or not req.channels:
         if config is not None:
             _log_no_request(args, bundle, req, "")
@@ -193,7 +195,7 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
             if failure:
                 _logger(args, bundle).warning("record not written", error=failure)
         return _exec_configured(config, argv, args)
-    return _decide(argv, args, bundle, spec, config)
+    return _decide(argv, args, bundle, spec, config, req)
 
 
 def _logger(args: RuntimeArgs, bundle: str) -> Any:
@@ -203,7 +205,12 @@ def _logger(args: RuntimeArgs, bundle: str) -> Any:
 
 
 def _decide(
-    argv: list[str], args: RuntimeArgs, bundle: str, spec: dict[str, Any], config: Config
+    argv: list[str],
+    args: RuntimeArgs,
+    bundle: str,
+    spec: dict[str, Any],
+    config: Config,
+    req: Request,
 ) -> int:
     """A GPU request: decide, rewrite the spec, write the record and the exec-env marker."""
     from gpuhook.records import execenv
@@ -214,7 +221,7 @@ def _decide(
     usage = _MpsUsage(config, args.container_id)
     try:
         try:
-            outcome = decide.run(spec, config, bundle=bundle, mps_usage_source=usage)
+            outcome = decide.run(spec, config, bundle=bundle, mps_usage_source=usage, parsed=req)
             if outcome.changed:
                 ocispec.write(bundle, outcome.spec)
         except GpuhookError as exc:
