@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 import testbed
 
+from gpuhook.inventory import nvml
 from tests.conftest import Containers, make_fake_node
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -197,7 +198,8 @@ def test_deb_contents(built: Built) -> None:
     fields = sh("dpkg-deb", "-f", str(built.deb), "Depends", "Architecture").stdout
     for dep in ("python3-click", "python3-yaml", "python3-jsonschema", "python3-structlog"):
         assert dep in fields
-    assert "python3-nvidia-ml-py (>= 12.570) | python3-pynvml" in fields
+    assert f"python3-nvidia-ml-py (>= {nvml.PYNVML_MINIMUM})," in fields + ","
+    assert "| python3-pynvml" not in fields  # an unversioned alternative gpuhook would refuse
     assert "runc | crun" in fields and "Architecture: all" in fields
     control = Path(sh("mktemp", "-d").stdout.strip())
     try:

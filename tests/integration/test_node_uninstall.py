@@ -55,11 +55,11 @@ def test_live_containers_keep_a_pass_through_runtime(tmp_path: Path) -> None:
     stub = root / "opt/gpuhook/bin/gpuhook-runtime"
     assert stub.stat().st_mode & 0o777 == 0o755
     assert 'exec /usr/sbin/runc "$@"' in stub.read_text()
-    if os.access("/usr/sbin/runc", os.X_OK):
-        out = subprocess.run(
-            ["sh", str(stub), "--version"], capture_output=True, text=True, check=False
-        )
-        assert out.returncode == 0 and out.stdout.startswith("runc version")
+    assert os.access("/usr/sbin/runc", os.X_OK), "runc is installed by scripts/bootstrap"
+    out = subprocess.run(
+        ["sh", str(stub), "--version"], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0 and out.stdout.startswith("runc version")
 
 
 def test_without_live_containers_nothing_is_kept(tmp_path: Path) -> None:

@@ -370,7 +370,13 @@ def test_cdi_checks(tmp_path: Path) -> None:
     stale = doctor.check_cdi(node())
     assert (stale.status, stale.message) == (
         doctor.WARN,
-        f"{output}: names other devices than the inventory (stale)",
+        f"{output}: differs from what the inventory and config make (stale: gpuhook inventory "
+        "refresh)",
     )
+    cdi.export(store.read(config), config)
+    data = json.loads(output.read_text())
+    data["containerEdits"]["mounts"] = []  # the driver libraries gone: same devices, no libraries
+    output.write_text(json.dumps(data))
+    assert doctor.check_cdi(node()).status == doctor.WARN
     output.write_text('{"kind": 1}')
     assert "unreadable or invalid" in doctor.check_cdi(node()).message

@@ -93,3 +93,26 @@ def test_cli_names_the_mig_key_and_exits_2(tmp_path: Path) -> None:
         f"gpuhook: invalid config {bad}: mps.gpus[1]: 'MIG-abc' is a MIG device; "
         "MIG devices cannot be MPS-shared\n"
     )
+
+
+def test_the_daemon_pid_record_is_trusted_by_gpuhooks_one_file_rule(tmp_path: Path) -> None:
+    """A pid record that others could have written (group/world-writable, a link) names no
+    daemon: `gpuhook mps stop` and the create path never act on it."""
+    import os
+
+    from gpuhook.mps import daemons
+
+    pipe = tmp_path / "group0" / "pipe"
+    pipe.mkdir(parents=True)
+    record = daemons.record_path(str(pipe))
+    with open(record, "w") as fh:
+        fh.write("4242\n")
+    os.chmod(record, 0o644)
+    assert daemons.recorded_pid(str(pipe)) == 4242
+    for mode in (0o664, 0o646):
+        os.chmod(record, mode)
+        assert daemons.recorded_pid(str(pipe)) is None, oct(mode)
+    os.chmod(record, 0o644)
+    os.rename(record, record + ".real")
+    os.symlink(record + ".real", record)
+    assert daemons.recorded_pid(str(pipe)) is None

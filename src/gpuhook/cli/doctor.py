@@ -589,8 +589,8 @@ def _cdi_problem(path: str, inventory: Inventory, config: Config) -> str:
         )
     except (OSError, ValueError, CdiError) as exc:
         return f"unreadable or invalid ({exc})"
-    if written.get("devices") != cdi.spec(inventory, config)["devices"]:
-        return "names other devices than the inventory (stale)"
+    if written != cdi.spec(inventory, config):
+        return "differs from what the inventory and config make (stale: gpuhook inventory refresh)"
     return ""
 
 

@@ -60,14 +60,16 @@ def control_pid(pipe_dir: str) -> int | None:
 
 def recorded_pid(pipe_dir: str) -> int | None:
     """The pid in the record, whether or not it still runs; None for no (or no trusted) record:
-    a link, not a regular file, or owned by someone other than root or this user."""
+    gpuhook's one rule for the files it acts on (:func:`gpuhook.config.trusted_file`)."""
+    from gpuhook.config import trusted_file
+
     try:
         fd = os.open(record_path(pipe_dir), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         st = os.fstat(fd)
-        if (st.st_mode & 0o170000) != 0o100000 or st.st_uid not in (0, os.geteuid()):
+        if not trusted_file(st):
             return None
         text = os.read(fd, 32).strip()
     except OSError:
