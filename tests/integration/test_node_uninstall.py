@@ -9,6 +9,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from gpuhook.node import install
 
 TASKS = "run/containerd/io.containerd.runtime.v2.task/k8s.io"
@@ -72,3 +74,21 @@ def test_without_live_containers_nothing_is_kept(tmp_path: Path) -> None:
         "/opt/gpuhook/install.json: not found; gpuhook was not installed here by "
         "`gpuhook node install`"
     ]
+
+
+def test_a_restart_owed_by_a_failed_uninstall_is_done_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine was unregistered but its restart failed: the engine still runs gpuhook from
+    memory, so the next uninstall restarts it before removing /opt/gpuhook."""
+    from gpuhook.node import host
+
+    root = node(tmp_path)
+    record = install.read_record(str(root))
+    assert record is not None
+    install.write_record(str(root), record.with_pending(True))
+    restarted: list[str] = []
+    monkeypatch.setattr(host, "restart", lambda engine: restarted.append(engine) or "restarted")
+    lines = install.uninstall(str(root), restart=True)
+    assert restarted == ["containerd"]
+    assert lines.index("restarted") < lines.index("removed /etc/gpuhook")

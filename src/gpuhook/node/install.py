@@ -295,11 +295,11 @@ def uninstall(host_root: str, restart: bool) -> list[str]:
     if record is None:
         return [f"{RECORD}: not found; gpuhook was not installed here by `gpuhook node install`"]
     plan = engine_plan(host_root, record.engine, configure.UNCONFIGURE)
-    lines = configure.apply(plan)
-    if plan.changed and restart:
-        lines.append(host.restart(record.engine))
-    elif plan.changed:
-        lines.append(f"not restarted (--no-restart): restart {host.SERVICE[record.engine]} now")
+    lines = []
+    if plan.changed:  # owed until done: a failed restart is retried by the next uninstall
+        write_record(host_root, record.with_pending(True))
+        lines += configure.apply(plan)
+    lines += settle(host_root, record.engine, restart)
     live = containers_through(host_root, RUNTIME_PATH)
     if live:  # replaced in place first: the path never goes missing under those shims
         lines.append(keep_pass_through(host_root, live))
