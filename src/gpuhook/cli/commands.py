@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuhook.config import Config
+    from gpuhook.model.inventory import Inventory
 
 
 class Context:
@@ -117,17 +118,24 @@ def inventory_group() -> None:
     """The node inventory (GPUs from NVML, driver files, device nodes)."""
 
 
+def _refresh(config: Config) -> Inventory:
+    """Refresh the inventory and, when ``cdi.output`` is set, the CDI spec made from it (every
+    refresh a person asks for; the lazy one of the create path leaves the spec)."""
+    from gpuhook.engines import cdi
+    from gpuhook.inventory import store
+
+    inventory = store.refresh(config)
+    cdi.export(inventory, config)
+    return inventory
+
+
 @inventory_group.command("refresh")
 @pass_ctx
 def inventory_refresh(obj: Context) -> None:
     """Query NVML, scan the driver root and write the inventory file (and the CDI spec at
     cdi.output when one is configured)."""
-    from gpuhook.engines import cdi
-    from gpuhook.inventory import store
-
     config = obj.config()
-    inv = store.refresh(config)
-    cdi.export(inv, config)
+    inv = _refresh(config)
     migs = sum(len(g.mig_devices) for g in inv.gpus)
     mig_gpus = sum(1 for g in inv.gpus if g.mig_enabled)
     log.get_logger().info(
@@ -235,7 +243,7 @@ def inspect_node(obj: Context, output: str | None, refresh: bool) -> None:
 
     config = obj.config()
     if refresh:
-        store.refresh(config)
+        _refresh(config)
     status = store.status(config)
     mps_state = None
     if status.inventory is not None and config.mps.enabled:
