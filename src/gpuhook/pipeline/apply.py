@@ -114,7 +114,7 @@ def _add_device_nodes(linux: dict[str, Any], nodes: tuple[DeviceNode, ...]) -> N
     """Each node not already at its path, with its cgroup allow rule."""
     devices = _list(linux, "devices")
     rules = _list(_obj(linux, "resources"), "devices")
-    existing = {d["path"] for d in devices if isinstance(d, dict) and _is_str(d.get("path"))}
+    existing = device_paths(devices)
     for node in nodes:
         if node.path in existing:
             continue
@@ -154,9 +154,7 @@ def _add_mounts(mounts: list[Any], edits: ContainerEdits) -> None:
                 and m.get("destination") in ours
             )
         ]
-    taken = {
-        m["destination"] for m in mounts if isinstance(m, dict) and _is_str(m.get("destination"))
-    }
+    taken = taken_destinations(mounts, edits)
     for mount in edits.mounts:
         if mount.container_path in taken:
             continue
@@ -183,6 +181,26 @@ def _remove_prestart_hooks(hooks: dict[str, Any], basenames: tuple[str, ...]) ->
                 and h["path"].rsplit("/", 1)[-1] in basenames
             )
         ]
+
+
+def device_paths(devices: Any) -> set[str]:
+    """The device node paths a spec's ``linux.devices`` holds: apply adds no node at one."""
+    listed = devices if isinstance(devices, list) else ()
+    return {d["path"] for d in listed if isinstance(d, dict) and _is_str(d.get("path"))}
+
+
+def taken_destinations(mounts: Any, edits: ContainerEdits) -> set[str]:
+    """The mount destinations a spec holds that ``edits`` does not replace: apply adds no mount
+    at one."""
+    replaced = set(edits.replace_mounts) & {m.container_path for m in edits.mounts}
+    listed = mounts if isinstance(mounts, list) else ()
+    return {
+        m["destination"]
+        for m in listed
+        if isinstance(m, dict)
+        and _is_str(m.get("destination"))
+        and m["destination"] not in replaced
+    }
 
 
 def _is_str(value: Any) -> bool:

@@ -174,18 +174,15 @@ def ldcache_hook(config: Config, folders: list[str], rootfs: str = "") -> Hook:
 def without_present(
     edits: ContainerEdits, decision: Decision, inventory: Inventory, spec: Mapping[str, Any]
 ) -> ContainerEdits:
-    """``edits`` less what the spec already holds (device nodes, mount destinations, gpuhook's
-    ld.so.cache hook), with ``engine_injected``: the granted devices whose nodes are all there."""
+    """``edits`` less what the spec already holds, by apply's own rules (a device node path, a
+    mount destination; gpuhook's ld.so.cache hook), with ``engine_injected``: the granted
+    devices whose nodes are all there, major and minor included."""
+    from gpuhook.pipeline.apply import device_paths, taken_destinations
+
     present = _spec_nodes(spec)
-    mounts = spec.get("mounts")
-    listed = mounts if isinstance(mounts, list) else ()
-    taken = {
-        m["destination"]
-        for m in listed
-        if isinstance(m, dict)
-        and isinstance(m.get("destination"), str)
-        and m["destination"] not in edits.replace_mounts
-    }
+    linux = spec.get("linux")
+    paths = device_paths(linux.get("devices") if isinstance(linux, dict) else None)
+    taken = taken_destinations(spec.get("mounts"), edits)
     has_hook = _has_ldcache_hook(spec)
     by_index = {g.index: g for g in inventory.gpus}
     injected = tuple(
@@ -195,7 +192,7 @@ def without_present(
     )
     return ContainerEdits(
         env=edits.env,
-        device_nodes=tuple(n for n in edits.device_nodes if _key(n) not in present),
+        device_nodes=tuple(n for n in edits.device_nodes if n.path not in paths),
         mounts=tuple(m for m in edits.mounts if m.container_path not in taken),
         hooks=tuple(h for h in edits.hooks if not (has_hook and _is_ldcache_hook(h.args))),
         remove_hooks=edits.remove_hooks,
