@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from gpuhook.model.fields import _get, _opt, _strs
 from gpuhook.model.frozen import Frozen, _init
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
     from typing import Any
 
     from gpuhook.model.inventory import DeviceNode
@@ -45,15 +43,6 @@ class Mount(Frozen):
             "options": list(self.options),
         }
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Mount:
-        return cls(
-            _get(d, "hostPath", str),
-            _get(d, "containerPath", str),
-            _opt(d, "type", str, "bind"),
-            _strs(d, "options"),
-        )
-
 
 class Hook(Frozen):
     __slots__ = ("args", "env", "hook_name", "path", "timeout")
@@ -83,16 +72,6 @@ class Hook(Frozen):
 
     def to_dict(self) -> dict[str, Any]:
         return {"hookName": self.hook_name, **self.to_oci()}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Hook:
-        return cls(
-            _get(d, "hookName", str),
-            _get(d, "path", str),
-            _strs(d, "args"),
-            _strs(d, "env"),
-            _opt(d, "timeout", int),
-        )
 
 
 class ContainerEdits(Frozen):

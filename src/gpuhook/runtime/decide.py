@@ -56,14 +56,15 @@ def mps_probe(pipe_dir: str) -> int | None:
     return daemons.control_pid(pipe_dir)
 
 
-def mps_usage_of(config: Config, exclude_id: str = "", exclude_bundle: str = "") -> MpsUsageSource:
+def mps_usage_of(config: Config, exclude_bundle: str = "") -> MpsUsageSource:
     """The pinned memory limits of the live MPS containers (from their decision records), leaving
-    out the container being decided (by id, or by bundle for a dry run over a live bundle)."""
+    out the bundle of a dry run over a live container (the shim's own source,
+    ``shim._MpsUsage``, leaves out the container being created by id)."""
 
     def usage() -> Mapping[str, tuple[int, int]]:
         from gpuhook.records import writer
 
-        return writer.mps_usage(config, exclude_id, exclude_bundle)
+        return writer.mps_usage(config, "", exclude_bundle)
 
     return usage
 

@@ -99,7 +99,6 @@ class RuntimeArgs(Frozen):
         "bundle",
         "command",
         "container_id",
-        "global_flags",
         "log_format",
         "log_path",
         "process",
@@ -107,7 +106,6 @@ class RuntimeArgs(Frozen):
         "unknown",
         "version",
     )
-    global_flags: tuple[tuple[str, str | None], ...]
     command: str
     bundle: str
     container_id: str
@@ -120,7 +118,6 @@ class RuntimeArgs(Frozen):
 
     def __init__(
         self,
-        global_flags: tuple[tuple[str, str | None], ...] = (),
         command: str = "",
         bundle: str = "",
         container_id: str = "",
@@ -133,7 +130,6 @@ class RuntimeArgs(Frozen):
     ) -> None:
         _init(
             self,
-            global_flags=tuple(global_flags),
             command=command,
             bundle=bundle,
             container_id=container_id,
@@ -217,7 +213,6 @@ def parse(argv: list[str] | tuple[str, ...]) -> RuntimeArgs:
         if command in CREATE_COMMANDS and not unknown:
             unknown = next((f"--{k}" for k, _ in found if k in UNSUPPORTED), "")
     return RuntimeArgs(
-        global_flags=tuple(flags),
         command=command,
         bundle=_last(found, BUNDLE_FLAGS),
         container_id=cid,
