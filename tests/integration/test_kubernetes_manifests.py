@@ -104,6 +104,13 @@ def test_a_config_with_another_hook_path_is_refused_in_one_line(tmp_path: Path) 
     )
 
 
+def test_a_config_without_hook_path_takes_the_gpuhook_beside_the_runtime(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("log:\n  level: info\n")
+    raw, data = install.validated_config(str(path))
+    assert raw == path.read_bytes() and data["hook"]["path"] is None
+
+
 def test_no_config_gives_the_minimal_one() -> None:
     raw, data = install.validated_config(None)
     assert raw == install.DEFAULT_CONFIG

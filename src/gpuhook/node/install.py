@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 from typing import TYPE_CHECKING, Any
 
 from gpuhook import config as config_mod
@@ -103,18 +102,21 @@ def write_record(host_root: str, record: Record) -> None:
 
 
 def validated_config(config_file: str | None) -> tuple[bytes, dict[str, Any]]:
-    """The config's bytes and its normalized data; raises ConfigError with one line."""
+    """The config's bytes and its normalized data; raises ConfigError with one line. An unset
+    ``hook.path`` is the ``gpuhook`` beside the node's ``gpuhook-runtime``: /opt/gpuhook/bin."""
     if config_file is None:
-        with tempfile.NamedTemporaryFile(suffix=".yaml") as tmp:
-            tmp.write(DEFAULT_CONFIG)
-            tmp.flush()
-            return DEFAULT_CONFIG, config_mod.compile_file(tmp.name)
-    data = config_mod.compile_file(config_file)
-    with open(config_file, "rb") as fh:
-        raw = fh.read()
-    if data["hook"]["path"] != HOOK_PATH:
+        name, raw = "(the installer's default config)", DEFAULT_CONFIG
+    else:
+        name = config_file
+        try:
+            with open(config_file, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise ConfigError(config_file, exc.strerror or "cannot read") from None
+    data = config_mod.validate_data(name, config_mod.parse_yaml(name, raw))
+    if data["hook"]["path"] not in (None, HOOK_PATH):
         raise ConfigError(
-            config_file, f"must be {HOOK_PATH} on a node installed by the DaemonSet", "hook.path"
+            name, f"must be {HOOK_PATH} on a node installed by the DaemonSet", "hook.path"
         )
     return raw, data
 
