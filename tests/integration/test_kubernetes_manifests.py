@@ -16,6 +16,7 @@ import yaml
 
 from gpuhook.errors import ConfigError, describe
 from gpuhook.node import bundle, install
+from gpuhook.runtime import dispatch
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "kubernetes"
@@ -128,7 +129,8 @@ def test_the_dispatchers_are_relocated_to_the_bundled_loader() -> None:
     )
     for name in bundle.DISPATCHERS:
         template = (REPO / "packaging" / f"{name}.in").read_text()
-        text = template.replace("@PYTHON@", source.python_cmd).replace("@PKGDIR@", source.site)
+        # as the .deb's build renders them (debian/rules), then as the installer relocates them
+        text = dispatch.render(template, source.python_cmd, source.site)
         out = bundle.dispatcher(text, source, "ld-linux-x86-64.so.2")
         assert "/usr/bin/python3" not in out and "/usr/lib/python3/" not in out
         assert (
