@@ -18,7 +18,8 @@ CDI: containerd 1.7+ resolves ``cdi.k8s.io/*`` annotations itself when the CRI p
 ``enable_cdi`` is on (the default in containerd 2.x, whose v3 config keeps it with
 ``cdi_spec_dirs``, default ``/etc/cdi`` and ``/var/run/cdi``, in ``io.containerd.cri.v1.runtime``).
 Registration leaves both keys as they are and its notes say where the CDI spec must be
-(:func:`cdi_settings`); ``gpuhook doctor`` checks that gpuhook's spec is there.
+(:func:`gpuhook.engines.readers.cdi_settings`); ``gpuhook doctor`` checks that gpuhook's spec is
+there.
 
 Unconfiguring removes the runtime, and, where ``<name>`` was the default, gives the default back
 to runc: ``default_runtime_name = "runc"`` (what ``containerd config default`` writes).
@@ -45,6 +46,7 @@ from gpuhook.engines.common import (
     Edit,
     check_name,
 )
+from gpuhook.engines.readers import CRI_PLUGIN, cdi_settings
 from gpuhook.errors import RegistrationError
 
 if TYPE_CHECKING:
@@ -54,7 +56,6 @@ if TYPE_CHECKING:
 DEFAULT_CONFIG = "/etc/containerd/config.toml"
 SERVICE = "containerd"
 # The CRI runtime plugin, per containerd config version.
-CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 CONTAINER_ANNOTATIONS = ("cdi.k8s.io/*",)
 POD_ANNOTATIONS = ("gpuhook.io/*",)
 _HEADER = re.compile(r"^\s*\[")
@@ -427,11 +428,10 @@ def cdi_notes(plain: dict[str, Any], version: int) -> tuple[str, ...]:
     they are): with CDI on, containerd resolves ``cdi.k8s.io/*`` annotations itself and fails a
     container whose device no spec in those folders names."""
     plugin = _walk(plain, ("plugins", CRI_PLUGIN[version]), "") or {}
-    enabled = plugin.get("enable_cdi", version == 3)
-    dirs = plugin.get("cdi_spec_dirs", ["/etc/cdi", "/var/run/cdi"])
-    if enabled is not True:
+    enabled, dirs = cdi_settings(plugin, version)
+    if not enabled:
         return ("CDI: enable_cdi is off; gpuhook-runtime reads the cdi.k8s.io/* annotations",)
-    where = ", ".join(str(d) for d in dirs) if isinstance(dirs, list) else "?"
+    where = ", ".join(dirs) or "?"
     return (
         f"CDI: enable_cdi is on: containerd injects cdi.k8s.io/* devices from the specs in "
         f"{where}; gpuhook's spec (cdi.output, kept by gpuhook inventory refresh) must be in "

@@ -211,13 +211,13 @@ def read_containerd(path: str) -> Registration:
             binary = options.get("BinaryName") if isinstance(options, dict) else ""
             runtimes[str(name)] = binary if isinstance(binary, str) else ""
     default = section.get("default_runtime_name") or "runc"
-    cdi, dirs = _containerd_cdi(plugin, version)
+    cdi, dirs = cdi_settings(plugin, version)
     return Registration(
         CONTAINERD, path, True, runtimes, str(default), version=version, cdi=cdi, cdi_dirs=dirs
     )
 
 
-def _containerd_cdi(plugin: dict[str, Any], version: int) -> tuple[bool, tuple[str, ...]]:
+def cdi_settings(plugin: dict[str, Any], version: int) -> tuple[bool, tuple[str, ...]]:
     """``enable_cdi`` (default: on in containerd 2.x's version 3, off in 1.7's version 2) and
     ``cdi_spec_dirs`` of the CRI plugin table."""
     enabled = plugin.get("enable_cdi", version == 3)
