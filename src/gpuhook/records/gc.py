@@ -22,6 +22,7 @@ from gpuhook.records.lookup import (
     UNREADABLE,
     created_at,
     entry_of,
+    query_state,
 )
 
 TYPE_CHECKING = False
@@ -81,21 +82,16 @@ def runtime_state(runtime: str, root: str, container_id: str) -> tuple[bool | No
     False needs two witnesses: ``<runtime> [--root ROOT] state ID`` fails, and the runtime's
     state folder has no entry for the id (runc and crun keep ``<root>/<id>/``).
     """
-    import subprocess
-
     name = os.path.basename(runtime)
     if not runtime or not (os.path.isfile(runtime) and os.access(runtime, os.X_OK)):
         return None, f"cannot tell: runtime {runtime or '(none recorded)'} not found"
-    argv = [runtime, *(["--root", root] if root else []), "state", container_id]
     try:
-        proc = subprocess.run(
-            argv, capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"cannot tell: {' '.join(argv)}: {exc}"
+        code, _ = query_state(runtime, root, container_id)
+    except OSError as exc:
+        return None, f"cannot tell: {exc}"
     state_root = root or DEFAULT_ROOTS.get(name, "")
     where = f"{name} state (root {state_root or 'default'})"
-    if proc.returncode == 0:
+    if code == 0:
         return True, f"alive in {where}"
     if not state_root:
         return None, f"cannot tell: {name} state failed and its state folder is unknown"

@@ -178,28 +178,38 @@ def candidate_roots(extra: tuple[str, ...] = ()) -> list[str]:
     return list(dict.fromkeys(roots))
 
 
+def query_state(runtime: str, root: str, container_id: str) -> tuple[int, bytes]:
+    """Run ``<runtime> [--root ROOT] state ID``: its exit status and stdout. OSError when it
+    cannot run or does not answer within 10 s (then the message names the command)."""
+    import subprocess
+
+    argv = [runtime, *(["--root", root] if root else []), "state", container_id]
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise OSError(f"{' '.join(argv)}: {exc}") from None
+    return proc.returncode, proc.stdout
+
+
 def unrecorded(runtime: str, roots: list[str], container_id: str) -> dict[str, Any] | None:
     """A live container without a record whose spec carries no GPU marker: what to say about
     it (None when no runtime root has the container, or its spec may request a GPU)."""
-    import subprocess
-
     from gpuhook import markers
 
     if not runtime:
         return None
     for root in roots:
-        argv = [runtime, *(["--root", root] if root else []), "state", container_id]
         try:
-            proc = subprocess.run(
-                argv, capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL
-            )
-            state = _fastjson.loads(proc.stdout) if proc.returncode == 0 else None
+            code, out = query_state(runtime, root, container_id)
+            state = _fastjson.loads(out) if code == 0 else None
             bundle = state.get("bundle") if isinstance(state, dict) else None
             if not isinstance(bundle, str) or not bundle:
                 continue
             with open(os.path.join(bundle, "config.json"), "rb") as fh:
                 raw = fh.read(MAX_RECORD_BYTES * 4)
-        except (OSError, ValueError, subprocess.TimeoutExpired):
+        except (OSError, ValueError):
             continue
         if markers.may_request_gpu(raw):
             return None
