@@ -5,11 +5,11 @@ every executable), or ``--config`` on the CLI. Validation needs :mod:`yaml` and
 :mod:`jsonschema`, which are far too slow to import on every container start, so a validated,
 normalized copy is cached as JSON under ``/run/gpuhook/config/<absolute config path>/`` and
 reused while the file's identity (device, inode, size, mtime) and gpuhook's version are unchanged.
-The same folder holds ``runtime``, the pointer the ``gpuhook-runtime`` sh dispatcher reads to
-run calls without Python: three lines, the resolved low-level runtime path, the state folder
-(where the exec-env markers are) and the log level. Python trusts a cache file by the one rule
-:func:`trusted_file`; the dispatcher, which cannot read mode bits without a process, trusts the
-pointer by owner, type and the set-user-ID witness of :data:`POINTER_MODE` (see there).
+The same folder holds ``runtime``, the pointer the ``gpuhook-runtime`` dispatcher reads to
+run calls without Python: four lines, the resolved low-level runtime path, the state folder
+(where the exec-env markers are), the log level and the runtime service's socket (empty: none).
+Python and the dispatcher trust a cache file by the one rule of :func:`trusted_file`
+(:data:`UNTRUSTED_MODE` is rendered into the dispatcher).
 """
 
 from __future__ import annotations
@@ -35,21 +35,16 @@ CHECKPOINT_IN_KUBELET_DIR = "device-plugins/kubelet_internal_checkpoint"
 POINTER_NAME = "runtime"
 # A cache file names what root execs: one with any of these mode bits set (group- or
 # world-writable) is never acted on, nor a symbolic link, nor a file owned by anyone but root or
-# the running user. gpuhook.runtime.dispatch renders the sh dispatcher's check from this.
+# the running user. gpuhook.runtime.dispatch renders the dispatcher's check from this.
 UNTRUSTED_MODE = 0o022
-# The sh dispatcher's pointer carries the set-user-ID bit as a tamper witness (it is no program:
-# the bit grants nothing). The kernel clears it whenever a process without CAP_FSETID writes,
-# truncates or chowns the file, so a pointer that still has it holds what gpuhook wrote. sh
-# cannot read the other mode bits without starting a process (about 1 ms a call); it tests this
-# one with `[ -u ]`, and a pointer without it goes to Python, which writes it anew.
-POINTER_MODE = 0o4644
+POINTER_MODE = 0o644
 
 # The one statement of every default. config/config.yaml.example mirrors it (a test checks).
 DEFAULTS: dict[str, Any] = {
     "driver_root": "/",
     "dev_root": "/",
     "state_dir": "/var/lib/gpuhook",
-    "runtime": {"path": ""},
+    "runtime": {"path": "", "service": "/run/gpuhook/runtime.sock"},
     "log": {"level": "info", "file": "/var/log/gpuhook/gpuhook.log"},
     "nvml": {"library": ""},
     "inventory": {"path": "", "auto_refresh": True},
@@ -225,6 +220,7 @@ class Config(Frozen):
         "nvml_library",
         "policy",
         "runtime",
+        "service_socket",
         "source",
         "state_dir",
     )
@@ -234,6 +230,7 @@ class Config(Frozen):
     dev_root: str
     state_dir: str
     runtime: str  # resolved absolute path, "" when not found
+    service_socket: str  # the runtime service's socket, "" for none
     log_level: str
     log_file: str
     nvml_library: str
@@ -264,6 +261,8 @@ class Config(Frozen):
             dev_root=data["dev_root"],
             state_dir=data["state_dir"],
             runtime=runtime,
+            # .get: a compiled cache of an older build of the same version lacks the key
+            service_socket=data["runtime"].get("service", ""),
             log_level="debug"
             if os.environ.get(ENV_DEBUG, "") not in ("", "0")
             else data["log"]["level"],
@@ -432,22 +431,26 @@ def trusted_file(st: os.stat_result) -> bool:
 
 
 def pointer_text(config: Config) -> str:
-    """The sh dispatcher's pointer: runtime, state folder, log level (one line each)."""
+    """The dispatcher's pointer: runtime, state folder, log level, service socket (one line
+    each; the socket's may be empty)."""
     lines = (config.runtime, config.state_dir, config.log_level)
     if any("\n" in x or not x for x in lines) or not all(x.startswith("/") for x in lines[:2]):
         return ""
-    return "".join(x + "\n" for x in lines)
+    socket = config.service_socket
+    if "\n" in socket or (socket and not socket.startswith("/")):
+        socket = ""
+    return "".join(x + "\n" for x in (*lines, socket))
 
 
 def _pointer_intact(cache_dir: str) -> bool:
-    """The sh pointer is there, trusted and still carries its witness."""
+    """The pointer is there and trusted (else it is written anew)."""
     try:
         st = os.lstat(os.path.join(cache_dir, POINTER_NAME))
     except FileNotFoundError:
         return False  # _write_pointer writes it only when the config allows one
     except OSError:
         return True  # unreadable here: nothing this process could repair
-    return trusted_file(st) and bool(st.st_mode & 0o4000)
+    return trusted_file(st)
 
 
 def _write_cache(cache_dir: str, identity: list[Any], config: Config) -> None:
@@ -470,7 +473,7 @@ def _write_cache(cache_dir: str, identity: list[Any], config: Config) -> None:
 
 
 def _write_pointer(cache_dir: str, config: Config) -> None:
-    """(Re)write the sh dispatcher's pointer, or remove it when the config allows none."""
+    """(Re)write the dispatcher's pointer, or remove it when the config allows none."""
     from gpuhook.fsutil import atomic_write
 
     runtime_file = os.path.join(cache_dir, POINTER_NAME)
