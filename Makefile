@@ -9,15 +9,15 @@ PYTEST_ARGS ?=
 
 all: build
 
-# The same POSIX sh dispatchers the .deb installs, pointing at this checkout.
+# The same dispatchers the .deb installs (gpuhook-runtime: C, gpuhook: POSIX sh), pointing at this checkout.
 build: build/bin/gpuhook-runtime build/bin/gpuhook build/bin/nvidia-container-runtime-hook
 
 # Rendered from the .in templates with the tables they are made from (gpuhook.runtime.dispatch).
 RENDER := PYTHONPATH=$(PKGDIR) $(PY) -m gpuhook.runtime.dispatch
-RENDER_DEPS := src/gpuhook/runtime/dispatch.py src/gpuhook/runtime/runc_argv.py \
-	src/gpuhook/runtime/hooks.py src/gpuhook/markers.py src/gpuhook/config.py
+RENDER_DEPS := src/gpuhook/runtime/dispatch.py src/gpuhook/runtime/runc_argv.py src/gpuhook/runtime/service.py \
+	src/gpuhook/runtime/hooks.py src/gpuhook/markers.py src/gpuhook/config.py src/gpuhook/errors.py src/gpuhook/records/execenv.py
 
-build/bin/gpuhook-runtime: packaging/gpuhook-runtime.in $(RENDER_DEPS)
+build/bin/gpuhook-runtime: packaging/gpuhook-runtime.c.in $(RENDER_DEPS)
 	@mkdir -p build/bin
 	$(RENDER) $< $@ $(PY) $(PKGDIR)
 

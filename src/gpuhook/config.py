@@ -38,6 +38,9 @@ POINTER_NAME = "runtime"
 # the running user. gpuhook.runtime.dispatch renders the dispatcher's check from this.
 UNTRUSTED_MODE = 0o022
 POINTER_MODE = 0o644
+# The compiled gpuhook-runtime holds this byte string once, ahead of the interpreter command that
+# its build writes there (gpuhook.runtime.dispatch.relocate).
+DISPATCHER_MARK = b"@gpuhook-runtime interpreter@"
 
 # The one statement of every default. config/config.yaml.example mirrors it (a test checks).
 DEFAULTS: dict[str, Any] = {
@@ -706,13 +709,18 @@ def which(name: str) -> str:
 
 
 def _is_gpuhook_runtime(path: str) -> bool:
-    """Refuse a runtime.path that points back at gpuhook-runtime (an exec loop)."""
+    """Refuse a runtime.path that points back at gpuhook-runtime (an exec loop): the compiled
+    dispatcher (it holds :data:`DISPATCHER_MARK`) or a script that names it."""
+    import mmap
+
     try:
         with open(path, "rb") as fh:
-            head = fh.read(512)
-    except OSError:
+            if fh.read(2) == b"#!":
+                return b"gpuhook-runtime" in fh.read(510)
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return data.find(DISPATCHER_MARK) >= 0
+    except (OSError, ValueError):
         return False
-    return head.startswith(b"#!") and b"gpuhook-runtime" in head
 
 
 # --- sizes and GPU ids in mps.* (the MPS plan reads them through these too) ---

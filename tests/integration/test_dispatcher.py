@@ -1,17 +1,23 @@
-"""The installed sh dispatcher and the Python shim take the same path for every argv and spec.
+"""The installed dispatcher and the Python shim take the same path for every argv and spec.
 
-The dispatcher is rendered from packaging/gpuhook-runtime.in by the build step
-(gpuhook.runtime.dispatch) with a stand-in for Python that only says it was started, and a
-runtime pointer naming a recorder. argvs come from runc's own documented grammar
-(tests/runc_grammar.py), plus argvs with flags no grammar knows. A spec with any GPU marker
-never bypasses Python; a create the dispatcher passes straight to the runtime is one that the
-Python shim would pass through too (same bundle, no marker).
+The dispatcher is built from packaging/gpuhook-runtime.c.in by the build step
+(gpuhook.runtime.dispatch: rendered, compiled, relocated) with a stand-in for Python that only
+says it was started, and a runtime pointer naming a recorder. argvs come from runc's own
+documented grammar (tests/runc_grammar.py), plus argvs with flags no grammar knows. A spec with
+any GPU marker never bypasses Python (or the runtime service); a create the dispatcher passes
+straight to the runtime is one that the Python shim would pass through too (same bundle, no
+marker). The service's side of the wire is checked against a stand-in service here, and
+end to end in test_runtime_service.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +27,7 @@ from hypothesis import strategies as st
 from gpuhook import config as config_mod
 from gpuhook import markers
 from gpuhook.records import execenv
-from gpuhook.runtime import dispatch, runc_argv
+from gpuhook.runtime import dispatch, runc_argv, service
 from tests import runc_grammar
 
 pytestmark = pytest.mark.root
@@ -52,19 +58,24 @@ class Node:
         self.config = root / "config.yaml"
         self.config.write_text("{}\n")
         self.dispatcher = root / "gpuhook-runtime"
-        template = (REPO / "packaging" / "gpuhook-runtime.in").read_text()
-        self.dispatcher.write_text(dispatch.render(template, str(root / "python"), "/nowhere"))
-        self.dispatcher.chmod(0o755)
+        template = (REPO / "packaging" / "gpuhook-runtime.c.in").read_text()
+        dispatch.compile_c(
+            dispatch.render_c(template), str(self.dispatcher), [str(root / "python")]
+        )
+        self.socket = ""
         self.pointer = Path(config_mod.cache_dir_for(str(self.config))) / config_mod.POINTER_NAME
         self.pointer.parent.mkdir(parents=True, exist_ok=True)
         self.write_pointer()
 
     def write_pointer(self, level: str = "info") -> None:
-        self.pointer.write_text(f"{self.root / 'runtime'}\n{self.state}\n{level}\n")
+        self.pointer.write_text(f"{self.root / 'runtime'}\n{self.state}\n{level}\n{self.socket}\n")
         self.pointer.chmod(config_mod.POINTER_MODE)
 
     def run(self, argv: list[str], cwd: Path, **env: str) -> str:
-        out = subprocess.run(
+        return self.call(argv, cwd, **env).stdout.strip()
+
+    def call(self, argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
             [str(self.dispatcher), *argv],
             cwd=cwd,
             env={"PATH": os.environ["PATH"], "GPUHOOK_CONFIG": str(self.config), **env},
@@ -73,7 +84,6 @@ class Node:
             check=False,
             stdin=subprocess.DEVNULL,
         )
-        return out.stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -124,20 +134,20 @@ def python_path(argv: list[str], cwd: Path) -> str:
     marked=st.sampled_from([None, *MARKED]),
     cwd_marked=st.booleans(),
 )
-def test_sh_and_python_agree_on_runc_grammar(
+def test_dispatcher_and_python_agree_on_runc_grammar(
     node: Node, case: tuple[list[str], dict[str, str]], marked: bytes | None, cwd_marked: bool
 ) -> None:
     argv, _ = case
     top = bundles(node, argv, marked or NO_MARKER, MARKED[0] if cwd_marked else NO_MARKER)
     argv = relocate(argv, top)
     cwd = node.root / "cwd"
-    sh = node.run(argv, cwd)
-    assert sh == python_path(argv, cwd), argv
+    took = node.run(argv, cwd)
+    assert took == python_path(argv, cwd), argv
     args = runc_argv.parse(argv)
     if args.is_create:
         spec = (cwd / (args.bundle or ".") / "config.json").read_bytes()
         if markers.may_request_gpu(spec):
-            assert sh == "python", argv  # a marker never bypasses Python
+            assert took == "python", argv  # a marker never bypasses Python
 
 
 _junk = st.sampled_from(["--new-flag", "-x", "--", "-", "--bundle", "-b=", "---b", "create", "id"])
@@ -153,8 +163,8 @@ def test_argvs_no_grammar_knows_go_to_python(
     top = bundles(node, argv, MARKED[0], NO_MARKER)
     argv = relocate(argv, top)
     cwd = node.root / "cwd"
-    sh = node.run(argv, cwd)
-    if sh == "runtime":  # then Python would have passed the same create through
+    took = node.run(argv, cwd)
+    if took == "runtime":  # then Python would have passed the same create through
         assert python_path(argv, cwd) == "runtime", argv
         assert runc_argv.route(runc_argv.parse(argv), argv) != runc_argv.REFUSE
 
@@ -170,7 +180,7 @@ def test_unusual_cases_go_to_python(node: Node) -> None:
     node.write_pointer("debug")
     assert node.run(create, cwd) == "python"
     node.write_pointer()
-    unreadable = node.root / "unreadable"  # grep cannot read it (root reads any mode): Python
+    unreadable = node.root / "unreadable"  # not a file it can scan (root reads any mode): Python
     (unreadable / "config.json").mkdir(parents=True)
     assert node.run(["create", "--bundle", str(unreadable), "c1"], cwd) == "python"
     # exec and delete: Python only for a container whose create left an exec-env marker.
@@ -184,32 +194,13 @@ def test_unusual_cases_go_to_python(node: Node) -> None:
     assert not marker.exists()  # the delete succeeded
 
 
-def write_as_nobody(path: Path, text: str) -> None:
-    """Overwrite ``path`` from a process of user nobody (no capabilities), as an attacker would
-    who found it writable."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            with open(path, "w") as fh:
-                fh.write(text)
-            os._exit(0)
-        except BaseException:
-            os._exit(1)
-    assert os.waitpid(pid, 0)[1] == 0
+HOWS = ["control", "root-0600", "symlink", "owner", "chmod-664", "chmod-646", "folder"]
 
 
-# "chmod-664"/"chmod-646": an operator's octal chmod, which also sets the set-user-ID bit to 0;
-# "written-by-another-user": the witness kept by root's mistake, then a write by user nobody.
-HOWS = ["control", "symlink", "owner", "chmod-664", "chmod-646", "no-witness"]
-
-
-@pytest.mark.parametrize("how", [*HOWS, "written-by-another-user"])
+@pytest.mark.parametrize("how", HOWS)
 def test_pointer_trust_is_the_python_rule(node: Node, how: str) -> None:
-    """The dispatcher acts on the pointer only when gpuhook.config.trusted_file trusts it and it
-    still carries the witness of being unchanged since gpuhook wrote it; a pointer that someone
-    else could write, and then did, is never acted on."""
+    """The dispatcher acts on the pointer only when gpuhook.config.trusted_file trusts it (a
+    regular file, not a link, owned by root or this user, writable by no one else)."""
     cwd = node.root / "cwd"
     cwd.mkdir(exist_ok=True)
     node.write_pointer()
@@ -221,21 +212,149 @@ def test_pointer_trust_is_the_python_rule(node: Node, how: str) -> None:
         node.pointer.symlink_to(real)
     elif how == "owner":
         os.chown(node.pointer, 65534, 65534)
-    elif how == "no-witness":
-        node.pointer.chmod(0o644)
-    elif how == "written-by-another-user":
-        node.pointer.chmod(config_mod.POINTER_MODE | 0o666)  # root's mistake: world-writable
-        assert node.run(["state", "c1"], cwd) == "runtime"  # nothing changed it yet
-        write_as_nobody(node.pointer, node.pointer.read_text())  # the kernel drops the witness
+    elif how == "root-0600":
+        node.pointer.chmod(0o600)
+    elif how == "folder":
+        node.pointer.unlink()
+        node.pointer.mkdir()
     elif how != "control":
         node.pointer.chmod(0o664 if how == "chmod-664" else 0o646)
     st = os.lstat(node.pointer)
-    trusted = config_mod.trusted_file(os.stat(node.pointer)) and not os.path.islink(node.pointer)
-    witness = bool(st.st_mode & 0o4000)
+    trusted = config_mod.trusted_file(st)
     try:
-        assert node.run(["state", "c1"], cwd) == ("runtime" if trusted and witness else "python")
-        assert (trusted and witness) == (how == "control")
+        assert node.run(["state", "c1"], cwd) == ("runtime" if trusted else "python")
+        assert trusted == (how in ("control", "root-0600"))
     finally:
-        node.pointer.unlink()
+        if node.pointer.is_dir() and not node.pointer.is_symlink():
+            node.pointer.rmdir()
+        else:
+            node.pointer.unlink()
         real.unlink(missing_ok=True)
         node.write_pointer()
+
+
+class FakeService:
+    """A runtime service that answers one call with ``answer`` (None: closes without one) and
+    keeps what it received: the request's words, and where its descriptors point."""
+
+    def __init__(self, path: Path, answer: bytes | None) -> None:
+        self.path = path
+        self.answer = answer
+        self.words: list[str] = []
+        self.fds: list[str] = []
+        path.unlink(missing_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.bind(str(path))
+        self.sock.listen(1)
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:  # closed by the test: no call came
+            return
+        with conn:
+            data, fds, _, _ = socket.recv_fds(conn, service.MAX_REQUEST, 8)
+            self.words = [w.decode() for w in data.split(b"\0")[:-1]]
+            self.fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in fds]
+            for fd in fds:
+                os.close(fd)
+            if self.answer is not None:
+                conn.send(self.answer)
+
+    def close(self) -> None:
+        self.thread.join(timeout=10)
+        self.sock.close()
+        self.path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def served(node: Node) -> Iterator[Node]:
+    node.socket = str(node.root / "service.sock")
+    node.write_pointer()
+    yield node
+    node.socket = ""
+    node.write_pointer()
+
+
+ANSWERS = {
+    "exec": (service.EXEC + b"{runtime}", 0, "runtime"),
+    "exit": (service.EXIT + b"7", 7, ""),
+    "decline": (service.DECLINE + b"another mount namespace", 0, "python"),
+}
+
+
+@pytest.mark.parametrize("answer", sorted(ANSWERS))
+def test_a_marked_create_is_offered_to_the_service(served: Node, answer: bytes) -> None:
+    """The request carries the argv (argv[0]: the dispatcher), the environment with
+    GPUHOOK_SELF, and the caller's stdio and working folder; the dispatcher does what the answer
+    says: exec the runtime named, exit with the code given, or start Python itself."""
+    node = served
+    cwd = node.root / "cwd"
+    cwd.mkdir(exist_ok=True)
+    (cwd / "config.json").write_bytes(MARKED[0])
+    raw, code, took = ANSWERS[answer]
+    fake = FakeService(Path(node.socket), raw.replace(b"{runtime}", bytes(node.root / "runtime")))
+    try:
+        done = node.call(["--log", str(cwd / "log.json"), "create", "c1"], cwd, KEEP="x y")
+    finally:
+        fake.close()
+    assert (done.returncode, done.stdout.strip()) == (code, took)
+    words = fake.words
+    assert words[:3] == [service.PROTOCOL.decode(), "5", str(node.dispatcher)]
+    assert words[3:7] == ["--log", str(cwd / "log.json"), "create", "c1"]
+    env = words[8 : 8 + int(words[7])]
+    assert len(words) == 8 + int(words[7])
+    assert f"GPUHOOK_SELF={node.dispatcher}" in env and "KEEP=x y" in env
+    assert f"GPUHOOK_CONFIG={node.config}" in env
+    assert fake.fds[0] == "/dev/null" and fake.fds[3] == str(cwd)
+    assert len(fake.fds) == service.FDS
+
+
+def test_a_service_that_ends_the_call_without_an_answer_fails_it(served: Node) -> None:
+    """The service may have rewritten the spec already: the create fails (one line on stderr and
+    in runc's --log file), it is never passed on half-decided."""
+    node = served
+    cwd = node.root / "cwd"
+    cwd.mkdir(exist_ok=True)
+    (cwd / "config.json").write_bytes(MARKED[1])
+    log = cwd / "log.json"
+    log.unlink(missing_ok=True)
+    fake = FakeService(Path(node.socket), None)
+    try:
+        done = node.call(["--log", str(log), "--log-format", "json", "create", "c1"], cwd)
+    finally:
+        fake.close()
+    line = f"gpuhook: the runtime service at {node.socket} ended the call without an answer"
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith(line)
+    entry = json.loads(log.read_text())
+    assert entry["level"] == "error" and entry["msg"].startswith(line)
+
+
+def test_without_a_listening_service_python_decides(served: Node) -> None:
+    """Nothing listens (no socket file, or a stale one): Python starts here, as without a
+    service; a create without any marker never contacts the service."""
+    node = served
+    cwd = node.root / "cwd"
+    cwd.mkdir(exist_ok=True)
+    (cwd / "config.json").write_bytes(MARKED[2])
+    assert node.run(["create", "c1"], cwd) == "python"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stale.bind(node.socket)
+    stale.close()  # the file stays, nobody listens
+    try:
+        assert node.run(["create", "c1"], cwd) == "python"
+    finally:
+        Path(node.socket).unlink()
+    (cwd / "config.json").write_bytes(NO_MARKER)
+    fake = FakeService(Path(node.socket), service.EXIT + b"9")
+    try:
+        assert node.run(["create", "c1"], cwd) == "runtime"
+    finally:
+        fake.sock.shutdown(socket.SHUT_RDWR)  # no call came: end the thread's accept
+        fake.sock.close()
+        fake.thread.join(timeout=10)
+        Path(node.socket).unlink(missing_ok=True)
+    assert fake.words == []

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuhook.errors import ConfigError, describe
+from gpuhook.errors import ConfigError, NodeInstallError, describe
 from gpuhook.node import bundle, install
 from gpuhook.runtime import dispatch
 
@@ -127,16 +127,30 @@ def test_the_dispatchers_are_relocated_to_the_bundled_loader() -> None:
         ldconfig="/sbin/ldconfig",
         python_cmd="/usr/bin/python3",
     )
-    for name in bundle.DISPATCHERS:
-        template = (REPO / "packaging" / f"{name}.in").read_text()
-        # as the .deb's build renders them (debian/rules), then as the installer relocates them
-        text = dispatch.render(template, source.python_cmd, source.site)
-        out = bundle.dispatcher(text, source, "ld-linux-x86-64.so.2")
-        assert "/usr/bin/python3" not in out and "/usr/lib/python3/" not in out
-        assert (
-            "exec /opt/gpuhook/lib/ld-linux-x86-64.so.2 --library-path /opt/gpuhook/lib "
-            "/opt/gpuhook/bin/python3 -I -S /opt/gpuhook/lib/python3/dist-packages/gpuhook/"
-        ) in out
+    # as the .deb's build makes them (debian/rules), then as the installer relocates them
+    sh = (REPO / "packaging" / "gpuhook.in").read_text()
+    text = dispatch.render(sh, source.python_cmd, source.site).encode()
+    out = bundle.dispatcher("gpuhook", text, source, "ld-linux-x86-64.so.2").decode()
+    assert "/usr/bin/python3" not in out and "/usr/lib/python3/" not in out
+    assert (
+        "exec /opt/gpuhook/lib/ld-linux-x86-64.so.2 --library-path /opt/gpuhook/lib "
+        "/opt/gpuhook/bin/python3 -I -S /opt/gpuhook/lib/python3/dist-packages/gpuhook/"
+    ) in out
+    binary = (REPO / "build" / "bin" / "gpuhook-runtime").read_bytes()
+    built = dispatch.relocate(binary, dispatch.python_command(source.python_cmd, source.site))
+    moved = bundle.dispatcher("gpuhook-runtime", built, source, "ld-linux-x86-64.so.2")
+    assert dispatch.command_of(moved) == [
+        "/opt/gpuhook/lib/ld-linux-x86-64.so.2",
+        "--library-path",
+        "/opt/gpuhook/lib",
+        "/opt/gpuhook/bin/python3",
+        "-I",
+        "-S",
+        "/opt/gpuhook/lib/python3/dist-packages/gpuhook/_shim_entry.py",
+    ]
+    assert len(moved) == len(binary)
+    with pytest.raises(NodeInstallError, match="starts"):
+        bundle.dispatcher("gpuhook-runtime", binary, source, "ld-linux-x86-64.so.2")
 
 
 def test_the_interpreter_of_this_python() -> None:

@@ -1,35 +1,65 @@
-"""The build step renders both sh dispatchers from gpuhook's tables: every template name is known,
-the output is valid sh, and what it carries is the tables' (no copy kept by hand)."""
+"""The build step makes both dispatchers from gpuhook's tables: every template name is known, the
+sh output is valid sh, the C source carries the tables' values (no copy kept by hand), and the
+interpreter command is written into (and read back from) the compiled binary's region."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from gpuhook import config, markers
-from gpuhook.runtime import dispatch, hooks, runc_argv
+from gpuhook.runtime import dispatch, hooks, runc_argv, service
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["gpuhook-runtime.in", "gpuhook.in"])
-def test_templates_render_to_valid_sh(name: str, tmp_path: Path) -> None:
+def test_the_sh_template_renders_to_valid_sh(tmp_path: Path) -> None:
     out = tmp_path / "dispatcher"
-    out.write_text(dispatch.render((REPO / "packaging" / name).read_text(), "/py", "/pkg"))
+    out.write_text(dispatch.render((REPO / "packaging" / "gpuhook.in").read_text(), "/py", "/pkg"))
     assert subprocess.run(["dash", "-n", str(out)], check=False).returncode == 0
     assert "exec /py -I -S /pkg/gpuhook/_" in out.read_text()
 
 
 def test_the_runtime_dispatcher_carries_the_tables() -> None:
-    text = dispatch.render((REPO / "packaging" / "gpuhook-runtime.in").read_text(), "/p", "/k")
+    text = dispatch.render_c((REPO / "packaging" / "gpuhook-runtime.c.in").read_text())
     for marker in (*markers.PRECHECK_MARKERS, markers.UNICODE_ESCAPE):
-        assert f"-e '{marker.decode()}'" in text
+        assert '"' + marker.decode().replace("\\", "\\\\") + '"' in text
     for scope, table in [("g", runc_argv.GLOBAL_FLAGS), *runc_argv.COMMAND_FLAGS.items()]:
         for flag in table:
-            assert f"{scope}:{flag}|" in text or f"{scope}:{flag})" in text, (scope, flag)
-    assert '[ -O "$p" ] && [ -u "$p" ]' in text and f"mode {config.POINTER_MODE:04o}" in text
+            assert f'"{scope}:{flag}"' in text, (scope, flag)
+    assert f"#define UNTRUSTED_MODE 0{config.UNTRUSTED_MODE:o}" in text
+    assert f'PROTOCOL[] = "{service.PROTOCOL.decode()}"' in text
+    assert re.search("@[A-Z_]+@", text) is None
+
+
+def test_the_interpreter_command_is_written_into_the_binary_and_read_back() -> None:
+    head = config.DISPATCHER_MARK + b"\0"
+    binary = b"ELF..." + head + bytes(dispatch.RELOCATION_SIZE - len(head)) + b"...end"
+    command = dispatch.python_command("/opt/x/ld.so --library-path /opt/x /opt/x/python3", "/s")
+    moved = dispatch.relocate(binary, command)
+    assert len(moved) == len(binary) and moved.endswith(b"...end")
+    assert dispatch.command_of(moved) == command == [
+        "/opt/x/ld.so", "--library-path", "/opt/x", "/opt/x/python3", "-I", "-S",
+        "/s/gpuhook/_shim_entry.py",
+    ]  # fmt: skip
+    assert dispatch.command_of(dispatch.relocate(moved, ["/py"])) == ["/py"]
+    with pytest.raises(ValueError, match="longer than"):
+        dispatch.relocate(binary, ["/" + "x" * dispatch.RELOCATION_SIZE])
+    with pytest.raises(ValueError, match="not a gpuhook-runtime dispatcher"):
+        dispatch.relocate(b"#!/bin/sh\n", command)
+    with pytest.raises(ValueError, match="not a gpuhook-runtime dispatcher"):
+        dispatch.relocate(binary + binary, command)
+    with pytest.raises(ValueError, match="not an interpreter command"):
+        dispatch.relocate(binary, ["/py", ""])
+
+
+def test_the_built_dispatcher_is_one() -> None:
+    binary = (REPO / "build" / "bin" / "gpuhook-runtime").read_bytes()
+    assert binary.startswith(b"\x7fELF") and dispatch.command_of(binary)[1:3] == ["-I", "-S"]
+    assert config._is_gpuhook_runtime(str(REPO / "build" / "bin" / "gpuhook-runtime"))
 
 
 def test_the_hook_dispatcher_carries_the_bounds() -> None:

@@ -3,8 +3,8 @@
 Layout (paths as the host sees them)::
 
     /opt/gpuhook/bin/python3              the image's interpreter
-    /opt/gpuhook/bin/gpuhook-runtime      sh dispatchers: the image's, started through the loader
-    /opt/gpuhook/bin/gpuhook
+    /opt/gpuhook/bin/gpuhook-runtime      the image's dispatchers (C, static; POSIX sh), which
+    /opt/gpuhook/bin/gpuhook              start Python through the loader
     /opt/gpuhook/bin/ldconfig             the image's (static) ldconfig, for the ld.so.cache hook
     /opt/gpuhook/lib/ld-linux-x86-64.so.2 the image's dynamic loader (the interpreter's PT_INTERP)
     /opt/gpuhook/lib/lib*.so.*            every shared library the interpreter and the extension
@@ -158,10 +158,29 @@ def files(source: Source) -> tuple[list[tuple[str, str]], str]:
     return copied, loader_name
 
 
-def dispatcher(text: str, source: Source, loader_name: str) -> str:
-    """The image's dispatcher with its interpreter and package folder replaced by the copies."""
-    old = f"{source.python_cmd} -I -S {source.site}/gpuhook/"
-    new = f"{launcher(loader_name)} -I -S {PREFIX}/{SITE_REL}/gpuhook/"
-    if old not in text:
-        raise NodeInstallError(f"the image's dispatcher does not start {old!r}; cannot relocate it")
-    return text.replace(old, new)
+def dispatcher(name: str, data: bytes, source: Source, loader_name: str) -> bytes:
+    """The image's dispatcher ``name`` with its interpreter and package folder replaced by the
+    copies: written into the compiled gpuhook-runtime's interpreter region, replaced in the sh
+    text of gpuhook."""
+    from gpuhook.runtime import dispatch
+
+    if name == "gpuhook-runtime":
+        old = dispatch.python_command(source.python_cmd, source.site)
+        try:
+            found = dispatch.command_of(data)
+        except ValueError as exc:
+            raise NodeInstallError(f"the image's {name}: {exc}") from None
+        if found != old:
+            raise NodeInstallError(
+                f"the image's {name} starts {' '.join(found)!r}, not {' '.join(old)!r}; "
+                "cannot relocate it"
+            )
+        new = dispatch.python_command(launcher(loader_name), f"{PREFIX}/{SITE_REL}")
+        return dispatch.relocate(data, new)
+    text = data.decode()
+    start = f"{source.python_cmd} -I -S {source.site}/gpuhook/"
+    if start not in text:
+        raise NodeInstallError(f"the image's {name} does not start {start!r}; cannot relocate it")
+    return text.replace(
+        start, f"{launcher(loader_name)} -I -S {PREFIX}/{SITE_REL}/gpuhook/"
+    ).encode()

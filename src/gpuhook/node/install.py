@@ -176,9 +176,9 @@ def copy_runtime(host_root: str, source: bundle.Source) -> str:
     copied = sum(copy_file(src, os.path.join(prefix, rel)) for src, rel in entries)
     wanted = {rel for _, rel in entries} | {os.path.relpath(RECORD, bundle.PREFIX)}
     for name in bundle.DISPATCHERS:
-        with open(os.path.join(source.bin_dir, name)) as fh:
-            text = bundle.dispatcher(fh.read(), source, loader_name)
-        atomic_write(os.path.join(prefix, "bin", name), text.encode(), 0o755)
+        with open(os.path.join(source.bin_dir, name), "rb") as fh:
+            data = bundle.dispatcher(name, fh.read(), source, loader_name)
+        atomic_write(os.path.join(prefix, "bin", name), data, 0o755)
         wanted.add(f"bin/{name}")
     stale = 0
     for folder, _, names in os.walk(prefix):

@@ -1,43 +1,48 @@
-"""Render the installed POSIX sh dispatchers (``packaging/*.in``) from gpuhook's own tables.
+"""Build the installed dispatchers (``packaging/*.in``) from gpuhook's own tables.
 
 A build step (``make build``, the Debian package's ``debian/rules``)::
 
     PYTHONPATH=src python3 -m gpuhook.runtime.dispatch TEMPLATE OUTPUT PYTHON PKGDIR
 
-Each ``@NAME@`` of a template is replaced by the interpreter and package folder given, or by
-text made from the one table that owns the rule: the runc argv grammar
-(:mod:`gpuhook.runtime.runc_argv`), the GPU markers (:mod:`gpuhook.markers`), the cache trust
-rule and the pointer's place (:mod:`gpuhook.config`), the ``hook update-ldcache`` bounds
-(:mod:`gpuhook.runtime.hooks`). A template naming anything else fails the build.
+Each ``@NAME@`` of a template is replaced by text made from the one table that owns the rule:
+the runc argv grammar (:mod:`gpuhook.runtime.runc_argv`), the GPU markers
+(:mod:`gpuhook.markers`), the cache trust rule and the pointer's place (:mod:`gpuhook.config`),
+the exec-env markers' folder, the runtime service's wire constants
+(:mod:`gpuhook.runtime.service`), exit codes (:mod:`gpuhook.errors`) and the ``hook
+update-ldcache`` bounds (:mod:`gpuhook.runtime.hooks`). A template naming anything else fails
+the build.
+
+``gpuhook.in`` (the CLI and hook dispatcher) is POSIX sh; the interpreter and package folder are
+written into it. ``gpuhook-runtime.c.in`` is C, compiled here (``$CC``, default ``cc``,
+statically linked: the node installer copies it to hosts with any C library); its interpreter
+command is not compiled in but written into a marked region of the binary by :func:`relocate`,
+which ``gpuhook node install`` uses again for its copy.
 """
 
 from __future__ import annotations
 
 import sys
 
-from gpuhook import config, markers
+from gpuhook import config, errors, markers
 from gpuhook.records import execenv
-from gpuhook.runtime import hooks, runc_argv
+from gpuhook.runtime import hooks, runc_argv, service
+
+# The region of the compiled dispatcher that holds the interpreter command (see relocate).
+RELOCATION_MARK = config.DISPATCHER_MARK
+RELOCATION_SIZE = 4096
+SHIM_ENTRY = "gpuhook/_shim_entry.py"
 
 
-def _patterns(pairs: list[str]) -> str:
-    """A sh ``case`` pattern list; the names are [a-z-] only, so no quoting is needed."""
+def _names(pairs: list[str]) -> list[str]:
+    """Flag and command names are [a-z-] only (scoped as ``scope:name``)."""
     bad = [p for p in pairs if not p.replace("-", "").replace(":", "").isalpha()]
     if bad:
         raise ValueError(f"not a plain flag or command name: {bad}")
-    return "|".join(pairs)
+    return pairs
 
 
-def _flag_patterns(takes_value: bool) -> str:
-    scoped = [("g", runc_argv.GLOBAL_FLAGS), *list(runc_argv.COMMAND_FLAGS.items())]
-    return _patterns(
-        [
-            f"{scope}:{name}"
-            for scope, table in scoped
-            for name, value in table.items()
-            if value == takes_value and not _to_python(scope, name)
-        ]
-    )
+def _scoped() -> list[tuple[str, dict[str, bool]]]:
+    return [("g", runc_argv.GLOBAL_FLAGS), *list(runc_argv.COMMAND_FLAGS.items())]
 
 
 def _to_python(scope: str, name: str) -> bool:
@@ -47,35 +52,26 @@ def _to_python(scope: str, name: str) -> bool:
     return scope in runc_argv.CREATE_COMMANDS and name in runc_argv.UNSUPPORTED
 
 
-def _python_flags() -> str:
-    scoped = [("g", runc_argv.GLOBAL_FLAGS), *list(runc_argv.COMMAND_FLAGS.items())]
-    return _patterns([f"{s}:{n}" for s, table in scoped for n in table if _to_python(s, n)])
-
-
-def _marker_args() -> str:
-    words = [*markers.PRECHECK_MARKERS, markers.UNICODE_ESCAPE]
-    if any(b"'" in w or not w.isascii() for w in words):
-        raise ValueError("a GPU marker that sh cannot quote")
-    return " ".join(f"-e '{w.decode()}'" for w in words)
+def tables() -> dict[str, list[str]]:
+    """The argv grammar as the dispatcher reads it: scoped flag names ``scope:name``."""
+    creates = sorted(runc_argv.CREATE_COMMANDS)
+    flags = [(s, n, v) for s, table in _scoped() for n, v in table.items()]
+    return {
+        "CREATES": _names(creates),
+        "PARSED": _names(sorted(runc_argv.COMMAND_FLAGS)),
+        "BUNDLE_FLAGS": _names([f"{c}:{f}" for c in creates for f in runc_argv.BUNDLE_FLAGS]),
+        "VALUE_FLAGS": _names([f"{s}:{n}" for s, n, v in flags if v and not _to_python(s, n)]),
+        "BOOL_FLAGS": _names([f"{s}:{n}" for s, n, v in flags if not v and not _to_python(s, n)]),
+        "PYTHON_FLAGS": _names([f"{s}:{n}" for s, n, _ in flags if _to_python(s, n)]),
+    }
 
 
 def substitutions(python: str, pkgdir: str) -> dict[str, str]:
-    creates = sorted(runc_argv.CREATE_COMMANDS)
+    """For the sh template (gpuhook.in)."""
     return {
         "PYTHON": python,
         "PKGDIR": pkgdir,
-        "DEFAULT_CONFIG": config.DEFAULT_PATH,
-        "POINTER": config.CACHE_ROOT + "$c/" + config.POINTER_NAME,
-        "POINTER_MODE": f"{config.POINTER_MODE:04o}",
-        "EXEC_ENV_DIR": execenv.DIR,
-        "CREATES": _patterns(creates),
-        "PARSED": _patterns(sorted(runc_argv.COMMAND_FLAGS)),
-        "BUNDLE_FLAGS": _patterns([f"{c}:{f}" for c in creates for f in runc_argv.BUNDLE_FLAGS]),
-        "VALUE_FLAGS": _flag_patterns(True),
-        "BOOL_FLAGS": _flag_patterns(False),
-        "PYTHON_FLAGS": _python_flags(),
-        "MARKERS": _marker_args(),
-        "LDCACHE_FLAGS": _patterns(list(hooks.UPDATE_LDCACHE_FLAGS)),
+        "LDCACHE_FLAGS": "|".join(_names(list(hooks.UPDATE_LDCACHE_FLAGS))),
         "LDCONFIG_ENV": " ".join(f"{k}={v}" for k, v in hooks.SAFE_ENV.items()),
         "LDCONFIG_TIMEOUT": str(int(hooks.LDCONFIG_TIMEOUT_S)),
         "LDCONFIG_TIMEOUT_MAX": str(hooks.LDCONFIG_TIMEOUT_MAX_S),
@@ -84,14 +80,128 @@ def substitutions(python: str, pkgdir: str) -> dict[str, str]:
     }
 
 
-def render(template: str, python: str, pkgdir: str) -> str:
+def _c_string(value: str | bytes) -> str:
+    raw = value.encode() if isinstance(value, str) else value
+    if not raw.isascii() or any(b < 0x20 for b in raw):
+        raise ValueError(f"not a plain ASCII string for C: {raw!r}")
+    return '"' + raw.decode().replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _c_list(names: list[str]) -> str:
+    return ", ".join(_c_string(n) for n in names)
+
+
+def _c_char(tag: bytes) -> str:
+    if len(tag) != 1 or not tag.isalpha():
+        raise ValueError(f"not a one-letter reply tag: {tag!r}")
+    return f"'{tag.decode()}'"
+
+
+def c_substitutions() -> dict[str, str]:
+    """For the C template (gpuhook-runtime.c.in)."""
+    return {
+        **{name: _c_list(names) for name, names in tables().items()},
+        "MARKERS": ", ".join(
+            _c_string(m) for m in (*markers.PRECHECK_MARKERS, markers.UNICODE_ESCAPE)
+        ),
+        "DEFAULT_CONFIG": _c_string(config.DEFAULT_PATH),
+        "CACHE_ROOT": _c_string(config.CACHE_ROOT),
+        "POINTER_NAME": _c_string(config.POINTER_NAME),
+        "UNTRUSTED_MODE": f"0{config.UNTRUSTED_MODE:o}",
+        "EXEC_ENV_DIR": _c_string(execenv.DIR),
+        "LOG_FLAG": _c_string("g:log"),
+        "LOG_FORMAT_FLAG": _c_string("g:log-format"),
+        "PROTOCOL": _c_string(service.PROTOCOL),
+        "REPLY_EXEC": _c_char(service.EXEC),
+        "REPLY_EXIT": _c_char(service.EXIT),
+        "REPLY_DECLINE": _c_char(service.DECLINE),
+        "MAX_REQUEST": str(service.MAX_REQUEST),
+        "EXIT_FAILURE": str(errors.GpuhookError.exit_code),
+        "EXIT_NO_RUNTIME": str(errors.RuntimeNotFoundError.exit_code),
+        "RELOCATION_SIZE": str(RELOCATION_SIZE),
+        "RELOCATION_MARK": _c_string(RELOCATION_MARK),
+    }
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
     out = template
-    for name, value in substitutions(python, pkgdir).items():
+    for name, value in values.items():
         out = out.replace(f"@{name}@", value)
     left = [part for part in out.split("@")[1::2] if part.isupper() and part.isidentifier()]
     if left:
         raise ValueError(f"unknown template names: {', '.join(sorted(set(left)))}")
     return out
+
+
+def render(template: str, python: str, pkgdir: str) -> str:
+    """A sh template with its interpreter and package folder."""
+    return _fill(template, substitutions(python, pkgdir))
+
+
+def render_c(template: str) -> str:
+    """The C template's source (no interpreter in it: see :func:`relocate`)."""
+    return _fill(template, c_substitutions())
+
+
+def python_command(python: str, pkgdir: str) -> list[str]:
+    """The command the dispatcher starts the shim with (argv[1:] follow)."""
+    return [*python.split(" "), "-I", "-S", f"{pkgdir}/{SHIM_ENTRY}"]
+
+
+def relocate(binary: bytes, command: list[str]) -> bytes:
+    """The compiled dispatcher with ``command`` as its interpreter command (NUL-terminated words
+    and an empty word after the mark, the rest of the region zero)."""
+    head = RELOCATION_MARK + b"\0"
+    at = binary.find(head)
+    if at < 0 or binary.find(head, at + 1) >= 0:
+        raise ValueError("not a gpuhook-runtime dispatcher (its interpreter region is not there)")
+    if not command or any(not w or "\0" in w for w in command):
+        raise ValueError(f"not an interpreter command: {command!r}")
+    words = b"".join(w.encode() + b"\0" for w in command) + b"\0"
+    room = RELOCATION_SIZE - len(head)
+    if len(words) > room:
+        raise ValueError(f"interpreter command longer than {room} bytes: {command!r}")
+    start = at + len(head)
+    return binary[:start] + words.ljust(room, b"\0") + binary[start + room :]
+
+
+def command_of(binary: bytes) -> list[str]:
+    """The interpreter command written into a compiled dispatcher ([] when none)."""
+    head = RELOCATION_MARK + b"\0"
+    at = binary.find(head)
+    if at < 0:
+        raise ValueError("not a gpuhook-runtime dispatcher (its interpreter region is not there)")
+    region = binary[at + len(head) : at + RELOCATION_SIZE]
+    return [w.decode() for w in region.split(b"\0\0", 1)[0].split(b"\0") if w]
+
+
+def compile_c(source: str, output: str, command: list[str]) -> None:
+    """Compile the rendered C dispatcher and write it, relocated, to ``output`` (atomically)."""
+    import os
+    import subprocess
+    import tempfile
+
+    cc = os.environ.get("CC", "cc")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, binary = os.path.join(tmp, "gpuhook-runtime.c"), os.path.join(tmp, "out")
+        with open(src, "w", encoding="utf-8") as fh:
+            fh.write(source)
+        flags = ["-O2", "-static", "-Wall", "-Wextra", "-Werror", "-o", binary, src]
+        done = subprocess.run([cc, *flags], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} failed:\n{done.stderr}")
+        with open(binary, "rb") as fh:
+            data = relocate(fh.read(), command)
+    _write_executable(output, data)
+
+
+def _write_executable(output: str, data: bytes) -> None:
+    import os
+
+    with open(output + ".tmp", "wb") as fh:
+        fh.write(data)
+    os.chmod(output + ".tmp", 0o755)  # noqa: S103 - an executable for everyone
+    os.replace(output + ".tmp", output)
 
 
 def main(argv: list[str]) -> int:
@@ -102,13 +212,11 @@ def main(argv: list[str]) -> int:
         return 2
     template, output, python, pkgdir = argv
     with open(template, encoding="utf-8") as fh:
-        text = render(fh.read(), python, pkgdir)
-    with open(output + ".tmp", "w", encoding="utf-8") as fh:
-        fh.write(text)
-    import os
-
-    os.chmod(output + ".tmp", 0o755)  # noqa: S103 - an executable for everyone
-    os.replace(output + ".tmp", output)
+        text = fh.read()
+    if template.endswith(".c.in"):
+        compile_c(render_c(text), output, python_command(python, pkgdir))
+    else:
+        _write_executable(output, render(text, python, pkgdir).encode())
     return 0
 
 
