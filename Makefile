@@ -53,7 +53,7 @@ bench: build
 
 # Into dist/, with Debian's tools, each checked by lintian: python3-nvidia-ml-py_<v>_all.deb (the
 # NVML bindings, from the PyPI sdist pinned in packaging/nvidia-ml-py/SHA256SUMS, downloaded once
-# into build/nvidia-ml-py/) and gpuhook_<version>_all.deb, which depends on it.
+# into build/nvidia-ml-py/) and gpuhook_<version>_<arch>.deb, which depends on it.
 deb:
 	packaging/nvidia-ml-py/build-deb
 	packaging/deb/build-deb
