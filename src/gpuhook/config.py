@@ -334,14 +334,14 @@ def config_path(explicit: str | None = None) -> tuple[str, bool]:
 def cache_dir_for(path: str) -> str:
     """The cache folder of one config file: its absolute path mirrored under CACHE_ROOT.
 
-    A mirrored path (not a hash) lets the POSIX sh dispatcher compute it without any tool.
+    A mirrored path (not a hash) lets the dispatcher compute it without any lookup.
     """
     return CACHE_ROOT + os.path.abspath(path)
 
 
 # --- hook.path unset: the gpuhook beside the running program ----------------------------------
 
-ENV_SELF = "GPUHOOK_SELF"  # the sh dispatchers' own path, set for the Python they exec
+ENV_SELF = "GPUHOOK_SELF"  # the dispatchers' own path, set for the Python they exec
 ENTRY_SCRIPTS = ("_shim_entry.py", "_cli_entry.py")
 PROGRAMS = ("gpuhook-runtime", "gpuhook")
 FALLBACK_HOOK_PATH = "/usr/bin/gpuhook"

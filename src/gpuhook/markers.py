@@ -4,7 +4,7 @@ Byte strings whose absence from ``config.json`` proves that no request channel o
 :func:`gpuhook.pipeline.request.parse` can carry a GPU request (a unit test checks them against
 the channels). JSON may escape ``/`` as ``\\/`` and any character as ``\\uXXXX``: a file that
 contains ``\\u`` always gets the full parse, and no marker contains ``/``. The shim and the
-installed sh dispatcher's build step (:mod:`gpuhook.runtime.dispatch`, one ``grep -F`` with every
+installed dispatcher's build step (:mod:`gpuhook.runtime.dispatch`: one ``memmem`` per
 marker and ``\\u``) read this table; nothing keeps a copy.
 
 No ``from __future__`` import: the create path imports this module and pays for every import.

@@ -4,7 +4,7 @@ containerd builds an exec'd process from its own stored spec, not from the ``con
 gpuhook rewrote, so the process would miss what the create decided: the granted
 ``NVIDIA_VISIBLE_DEVICES``, ``void`` for a refusal, the MPS pipe folder and limits. A create whose
 rewrite changed the environment writes a marker, ``<state_dir>/exec-env/<id>`` (atomically: what
-to set and what to remove); the sh dispatcher sends an ``exec`` to Python only when that marker
+to set and what to remove); the dispatcher sends an ``exec`` to Python only when that marker
 exists (one stat), and the shim writes the values into runc's ``--process FILE`` (atomically)
 before it execs the runtime. ``exec`` without ``--process`` needs nothing: runc then builds the
 process from the bundle's (rewritten) ``config.json``. The dispatcher removes the marker when a
@@ -23,7 +23,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-DIR = "exec-env"  # under state_dir; the sh dispatcher's path is rendered from this name
+DIR = "exec-env"  # under state_dir; the dispatcher's path is rendered from this name
 
 
 def marker_path(state_dir: str, container_id: str) -> str:

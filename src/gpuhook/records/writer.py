@@ -1,7 +1,7 @@
 """Per-container decision records.
 
 Each create whose spec carries a GPU marker writes ``<bundle>/gpuhook-decision.json``
-(atomically; a container without any marker gets none: the sh dispatcher passes it to the
+(atomically; a container without any marker gets none: the dispatcher passes it to the
 runtime without Python) and links it as
 ``<state_dir>/containers/<id>.json``. The engine removes the bundle when it deletes the
 container, which removes the record with it without gpuhook running on ``delete``; the dangling

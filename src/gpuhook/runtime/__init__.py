@@ -1,9 +1,10 @@
 """The runtime shim and its hot path: what runs on every container create.
 
-Owns: the runc argv grammar (:mod:`.runc_argv`), the build step that renders the sh dispatchers
-from gpuhook's tables (:mod:`.dispatch`), OCI bundle I/O (:mod:`.ocispec`), the shim itself
-(:mod:`.shim`), the real sources handed to the pipeline (:mod:`.decide`) and the OCI hooks
-(:mod:`.hooks`).
+Owns: the runc argv grammar (:mod:`.runc_argv`), the build step that makes the dispatchers from
+gpuhook's tables (:mod:`.dispatch`: the compiled gpuhook-runtime, the sh gpuhook), OCI bundle
+I/O (:mod:`.ocispec`), the shim itself (:mod:`.shim`), the runtime service that runs the shim's
+decisions without an interpreter start per container (:mod:`.service`), the real sources handed
+to the pipeline (:mod:`.decide`) and the OCI hooks (:mod:`.hooks`).
 
 May import: gpuhook.pipeline, gpuhook.records, gpuhook.mps, gpuhook.inventory, gpuhook.model,
 the top-level modules.

@@ -1,7 +1,7 @@
 """Parse a runc command line (pure). gpuhook-runtime is argv-compatible with runc and crun.
 
 The grammar is one table (:data:`GLOBAL_FLAGS`, :data:`COMMAND_FLAGS`): this parser reads it, and
-the installed sh dispatcher's parser is generated from it at build time
+the installed dispatcher's parser is generated from it at build time
 (:mod:`gpuhook.runtime.dispatch`), so both place the bundle and the container id the same way.
 
 runc (urfave/cli on Go's flag package) and crun (argp) accept ``--flag value``, ``--flag=value``
