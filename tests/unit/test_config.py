@@ -79,11 +79,12 @@ def test_compiled_cache_is_used_and_invalidated(
     assert config_mod.load(path).state_dir == "/one"
     cache = Path(config_mod.cache_dir_for(path))
     assert (cache / "compiled.json").exists()
-    # the sh dispatcher's pointer: runtime, state folder, log level
+    # the dispatcher's pointer: runtime, state folder, log level, runtime service's socket
     assert (cache / "runtime").read_text().splitlines() == [
         config_mod.resolve_runtime(""),
         "/one",
         "info",
+        "/run/gpuhook/runtime.sock",
     ]
     calls = []
     monkeypatch.setattr(config_mod, "compile_file", lambda p: calls.append(p) or {})
