@@ -21,11 +21,15 @@ own child process. The child declines (and the dispatcher runs Python in its own
 without the service) any request it cannot take whole: a malformed message, a wrong number of
 descriptors, or a caller that is not the service's own user in the service's own mount, pid and
 user namespaces with the same root folder, the capabilities the service has and no confinement
-(``no_new_privs``, seccomp) the service lacks. Otherwise the child takes the caller's stdio,
-working folder, environment and umask and runs :func:`gpuhook.runtime.shim.main` as the process
-would, with one difference: where the shim would exec the runtime, the child checks that it is
-an executable file and replies :data:`EXEC`; the caller's process execs it, so the runtime's
-parent is the engine's shim, as without the service. A failure the shim reports (one line on
+(``no_new_privs``, seccomp) the service lacks (the caller is the process SO_PEERCRED names,
+checked in /proc; one that started after the connection was accepted is another process that
+got its pid). Otherwise the child takes the caller's stdio, working folder, environment and
+umask and runs :func:`gpuhook.runtime.shim.main` as the process would (``sys.argv[0]`` is the
+shim's entry script, logging starts unconfigured), with one difference: where the shim would
+exec the runtime, the child checks that it is an executable file and replies :data:`EXEC`; the
+caller's process execs it, so the runtime's parent is the engine's shim and the runtime runs
+with the caller's cgroup, limits and credentials, as without the service (the shim's own work
+runs in the service's). A failure the shim reports (one line on
 the caller's stderr and in runc's ``--log``) is replied as :data:`EXIT`; an unexpected one gets
 one line of its own and exit code 1. A connection closed before any request (``gpuhook doctor``'s
 probe) is not answered.
@@ -53,10 +57,11 @@ FDS = 4
 MAX_REPLY = 1 + 4096  # the kind and a path of PATH_MAX bytes
 
 # Every gpuhook module the shim may import lazily (its GPU paths: the leak case, GPUs, MIG, MPS,
-# records, exec-env markers, logging; the config compiler; the lazy inventory refresh), imported
-# by the service before it forks, so that a request imports nothing (a lazy inventory refresh
-# still imports pynvml). tests/unit/test_runtime_service.py checks this list against the shim's
-# imports, tests/integration/test_runtime_service.py against what the shim imports as a process.
+# records, exec-env markers, logging; the lazy inventory refresh), imported by the service before
+# it forks, so that a request imports nothing (but pynvml for a lazy inventory refresh, and yaml
+# and jsonschema to compile a config edited since its cache was written).
+# tests/unit/test_runtime_service.py checks this list against the shim's imports,
+# tests/integration/test_runtime_service.py against what the shim imports as a process.
 PRELOAD = (
     "subprocess",
     "gpuhook._fastjson",
@@ -343,19 +348,13 @@ def _ensure_stdio() -> None:
 
 
 def preload() -> None:
-    """Import what the shim imports lazily, and run the config compiler's lazy imports once
-    (yaml, jsonschema: a config edited while the service runs is compiled in a child)."""
+    """Import what the shim imports lazily (:data:`PRELOAD`). Not the config compiler's yaml and
+    jsonschema: they would make every fork slower (about 0.5 ms here), and only the first child
+    that reads an edited config compiles it; the others read the compiled cache."""
     import importlib
 
     for name in PRELOAD:
         importlib.import_module(name)
-    from gpuhook import config as config_mod
-    from gpuhook.errors import GpuhookError
-
-    try:
-        config_mod.validate_data("(preload)", config_mod.parse_yaml("(preload)", b"{}\n"))
-    except (GpuhookError, ImportError):
-        pass  # no yaml or jsonschema here: the child that compiles a config says so, as the shim
 
 
 def _accept(listener: socket.socket) -> NoReturn:
