@@ -338,6 +338,42 @@ def test_a_caller_in_another_context_is_declined(
     assert not (bundle / writer.RECORD_NAME).exists()
 
 
+def test_a_caller_with_another_root_is_declined(
+    node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start
+) -> None:
+    """A caller chrooted into a folder that shows the same /usr, /work and /tmp (so it can run
+    the dispatcher and name the same bundle) is still declined: its root is not the service's."""
+    fake, _ = recorder(tmp_path / "cfg")
+    env = node.variant(tmp_path / "cfg", runtime={"path": str(fake)})
+    svc = runtime_service(env)
+    bundle = containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"])
+    root = tmp_path / "root"
+    mounted: list[Path] = []
+    try:
+        for name in ("usr", "etc", "work", "tmp", "proc", "dev"):
+            (root / name).mkdir(parents=True)
+            subprocess.run(["mount", "--bind", f"/{name}", str(root / name)], check=True)
+            mounted.append(root / name)
+        for name in ("bin", "lib", "lib64", "sbin"):
+            if os.path.islink(f"/{name}"):
+                (root / name).symlink_to(os.readlink(f"/{name}"))
+        argv = [str(CLIENT), "--socket", str(svc.socket), "--"]
+        argv += ["gpuhook-runtime", "create", "--bundle", str(bundle), "c1"]
+        out = subprocess.run(
+            ["chroot", str(root), sys.executable, *argv],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    finally:
+        for path in reversed(mounted):
+            subprocess.run(["umount", "-l", str(path)], check=False)
+    assert out.returncode == DECLINED_EXIT, out.stderr
+    assert "has another root folder" in out.stderr
+    assert not (bundle / writer.RECORD_NAME).exists()
+
+
 def test_a_caller_of_another_user_is_declined(
     node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start
 ) -> None:
