@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import testbed
 
-from gpuhook.records import writer
+from gpuhook.records import execenv, writer
 from gpuhook.runtime import service
 from tests import factories as f
 from tests.conftest import Containers, FakeNode
@@ -217,6 +218,59 @@ def test_a_container_created_through_the_service_sees_what_it_was_granted(
     record = json.loads((seen["bundle"] / writer.RECORD_NAME).read_text())
     assert record["container_id"] == seen["container_id"]
     assert record["decision"]["refused"] is (case == "leak")
+
+
+@pytest.mark.slow
+def test_an_exec_through_the_service_gets_the_granted_environment(
+    node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start
+) -> None:
+    """``run -d`` and ``exec --process`` both through the service: the exec'd process gets the
+    granted NVIDIA_VISIBLE_DEVICES (the exec-env marker), not the image's ``all``."""
+    svc = runtime_service(node.env)
+    reply_file = tmp_path / "reply"
+    runtime = dispatcher_script(tmp_path / "gpuhook-runtime", svc.socket, reply_file)
+    state = str(containers.state)
+    bundle = containers.bundle(args=("/bin/sh", "-c", "sleep 30"), env=["NVIDIA_VISIBLE_DEVICES=2"])
+    env = {"PATH": os.environ["PATH"], **node.env}
+    cid = "svc-exec"
+
+    def call(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(runtime), "--root", state, *args],
+            env=env,
+            cwd="/",
+            text=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            **kw,
+        )
+
+    # the detached container keeps its stdio: not pipes this test would wait on
+    started = call("run", "-d", "--bundle", str(bundle), cid, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)  # fmt: skip
+    assert started.returncode == 0
+    assert reply_file.read_bytes().startswith(service.EXEC)
+    process = tmp_path / "process.json"
+    process.write_text(
+        json.dumps(
+            {
+                "args": ["/bin/sh", "-c", "env | grep ^NVIDIA_VISIBLE || true"],
+                "env": ["PATH=/bin:/usr/bin", "NVIDIA_VISIBLE_DEVICES=all"],
+                "cwd": "/",
+                "user": {"uid": 0, "gid": 0},
+            }
+        )
+    )
+    try:
+        out = call("exec", "--process", str(process), cid, capture_output=True)
+        assert (out.returncode, out.stdout) == (0, f"NVIDIA_VISIBLE_DEVICES={uuid(node, 2)}\n")
+        assert reply_file.read_bytes().startswith(service.EXEC)  # the exec went to the service
+    finally:  # through the process shim: it also removes the exec-env marker
+        subprocess.run(
+            [testbed.RUNTIME, "--root", state, "delete", "-f", cid], env=env, check=False
+        )
+    assert not Path(execenv.marker_path(node.truth["state_dir"], cid)).exists()
 
 
 @pytest.mark.slow
