@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -463,6 +464,60 @@ def test_a_caller_of_another_user_is_declined(
 # --- the service itself ---------------------------------------------------------------------------
 
 
+def raw_reply(path: Path, data: bytes, fds: list[int], sndbuf: int = 0) -> bytes:
+    """Send one message with ``fds`` as the dispatcher would, however wrong; the reply."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        if sndbuf:
+            sock.setsockopt(socket.SOL_SOCKET, 32, sndbuf)  # SO_SNDBUFFORCE (root)
+        sock.settimeout(60)
+        sock.connect(str(path))
+        socket.send_fds(sock, [data], fds)
+        return sock.recv(service.MAX_REPLY)
+
+
+def test_a_malformed_message_is_declined_with_its_reason(
+    node: FakeNode, tmp_path: Path, runtime_service: Start
+) -> None:
+    """What the socket carries, checked before anything else: the descriptors, the size, the
+    format (each format error: tests/unit/test_runtime_service.py)."""
+    svc = runtime_service(node.env)
+    good = service.encode_request(["gpuhook-runtime", "list"], ["PATH=/bin"])
+    null = os.open(os.devnull, os.O_RDWR)
+    folder = os.open("/", os.O_PATH | os.O_DIRECTORY)
+    try:
+        cases = [
+            (good, [null, null, null], b"3 descriptors passed, not 4"),
+            (good, [null, null, null, folder, null], b"4 or more descriptors passed, not 4"),
+            (good, [], b"0 descriptors passed, not 4"),
+            (good, [null, null, null, null], b"the fourth descriptor is not a folder"),
+            (b"junk", [null, null, null, folder], b"not a gpuhook-runtime/1 request"),
+        ]
+        for data, fds, reason in cases:
+            assert raw_reply(svc.socket, data, fds) == service.DECLINE + reason
+        big = service.encode_request(["gpuhook-runtime", "x" * service.MAX_REQUEST], [])
+        reply = raw_reply(svc.socket, big, [null, null, null, folder], sndbuf=4 << 20)
+        assert reply == service.DECLINE + f"request over {service.MAX_REQUEST} bytes".encode()
+    finally:
+        os.close(null)
+        os.close(folder)
+    assert service.probe(str(svc.socket)) == ""  # still serving
+
+
+def children_of(pid: int) -> list[str]:
+    """The states of ``pid``'s child processes (Z: a zombie nobody reaped)."""
+    states = []
+    for entry in os.listdir("/proc"):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+        except (OSError, ValueError):
+            continue
+        if entry.isdigit() and int(fields[1]) == pid:
+            states.append(fields[0])
+    return states
+
+
 def test_many_creates_at_once_are_all_answered(
     node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start
 ) -> None:
@@ -491,6 +546,11 @@ def test_many_creates_at_once_are_all_answered(
             and len(paths & {f"/dev/nvidia{g}" for g in range(8)}) == 1
         )
         assert json.loads((bundle / writer.RECORD_NAME).read_text())["container_id"] == f"many-{i}"
+    for _ in range(100):  # the children exit once they replied; none is left a zombie
+        if not children_of(svc.process.pid):
+            break
+        time.sleep(0.05)
+    assert children_of(svc.process.pid) == []
 
 
 def test_sigterm_removes_the_socket_and_start_stop_are_logged(
