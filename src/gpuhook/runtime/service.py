@@ -255,15 +255,19 @@ def serve(socket_path: str, announce: Callable[[str], None]) -> int:
         raise _Stop(signum)
 
     _ensure_stdio()
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
+    previous = {sig: signal.getsignal(sig) for sig in handled}
     held = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, held)  # until the socket is there to remove
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
         listener, identity = listen(socket_path)
-    finally:
+    except BaseException:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+        raise
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
         preload()
         gc.collect()
         gc.freeze()  # the children share these pages instead of copying them on collection
@@ -274,6 +278,8 @@ def serve(socket_path: str, announce: Callable[[str], None]) -> int:
     except _Stop as stopped:
         return stopped.signum
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         listener.close()
         _remove_socket(socket_path, identity)
 
