@@ -554,8 +554,12 @@ def test_many_creates_at_once_are_all_answered(
 
 
 def test_sigterm_removes_the_socket_and_start_stop_are_logged(
-    node: FakeNode, tmp_path: Path, runtime_service: Start
+    node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start
 ) -> None:
+    """And a create whose connection the service took before SIGTERM is still answered (its
+    child is not the service: systemd's KillMode=process leaves it running)."""
+    import socket
+
     log = tmp_path / "service.log"
     path = tmp_path / "run" / "runtime.sock"
     env = node.variant(
@@ -568,8 +572,26 @@ def test_sigterm_removes_the_socket_and_start_stop_are_logged(
     assert path.is_socket() and path.stat().st_mode & 0o777 == 0o600
     assert service.probe(str(path)) == ""  # a probe is not answered, and harms nothing
     assert doctor_line(node, env) == {"status": "pass", "message": f"listening at {path}"}
+    taken = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    taken.connect(str(path))
+    for _ in range(200):  # the service accepted it: its child waits for the request
+        if children_of(svc.process.pid):
+            break
+        time.sleep(0.05)
     assert svc.stop() == 0
     assert not path.exists()
+    bundle = containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=3"])
+    argv = ["gpuhook-runtime", "create", "--bundle", str(bundle), "late"]
+    message = service.encode_request(argv, [f"{k}={v}" for k, v in env.items()])
+    folder = os.open("/", os.O_PATH | os.O_DIRECTORY)
+    null = os.open(os.devnull, os.O_RDWR)
+    with taken:
+        socket.send_fds(taken, [message], [null, null, null, folder])
+        reply = taken.recv(service.MAX_REPLY)
+    os.close(folder)
+    os.close(null)
+    assert reply.startswith(service.EXEC)
+    assert f"NVIDIA_VISIBLE_DEVICES={uuid(node, 3)}" in (bundle / "config.json").read_text()
     assert doctor_line(node, env) == {
         "status": "warn",
         "message": f"not running (no socket at {path}): creates with a GPU marker start "
