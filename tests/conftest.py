@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -184,14 +184,18 @@ class Containers:
         return testbed.run_container(str(bundle), cid, str(self.state), env, runtime)
 
     def probe(
-        self, runtime_env: Mapping[str, str], container_id: str | None = None, **kw: Any
+        self,
+        runtime_env: Mapping[str, str],
+        container_id: str | None = None,
+        runtime: str = testbed.RUNTIME,
+        **kw: Any,
     ) -> dict[str, Any]:
         """Run the standard probe in a container (``kw`` shapes the bundle: env, annotations,
         mounts, privileged, hooks); return what it saw (dev nodes, env, ldconfig -p,
         nvidia-smi -L) plus the runtime's exit code, stderr, the bundle path and the id."""
         bundle = self.bundle(args=("/bin/sh", "-c", testbed.PROBE), **kw)
         cid = container_id or f"gh-{uuid.uuid4().hex[:12]}"
-        out = self.run(bundle, runtime_env, container_id=cid)
+        out = self.run(bundle, runtime_env, runtime=runtime, container_id=cid)
         seen = testbed.parse_probe(out.stdout)
         seen.update(returncode=out.returncode, stderr=out.stderr, bundle=bundle, container_id=cid)
         return seen
@@ -209,3 +213,30 @@ def containers(
         capture_output=True,
         check=False,
     )
+
+
+@pytest.fixture
+def runtime_service(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Start ``gpuhook runtime serve`` (the executable under test): ``start(env, socket=None)``
+    runs it with ``env`` over this process's environment (GPUHOOK_CONFIG: the test's config;
+    ``--socket`` a fresh folder under tmp_path, or ``socket``; ``from_config``: no ``--socket``,
+    runtime.service is ``socket``), waits until it listens and returns a
+    :class:`tests.runtime_service.RuntimeService`. Every one started is stopped with SIGTERM at
+    the end of the test."""
+    from tests.runtime_service import RuntimeService
+
+    services: list[RuntimeService] = []
+
+    def start(
+        env: Mapping[str, str], socket: Path | None = None, *, from_config: bool = False
+    ) -> RuntimeService:
+        n = len(services)
+        path = socket or tmp_path / f"service{n}" / "runtime.sock"
+        svc = RuntimeService(path, env, tmp_path / f"service{n}", socket_option=not from_config)
+        services.append(svc)
+        svc.wait_listening()
+        return svc
+
+    yield start
+    for svc in services:
+        svc.stop()

@@ -92,6 +92,10 @@ class AmbiguousIdError(UsageError):
     """A container id prefix that matches more than one decision record."""
 
 
+class ServiceError(GpuhookError):
+    """The runtime service cannot listen, or failed a request it had taken on."""
+
+
 class ChecksFailedError(GpuhookError):
     """``gpuhook doctor`` found at least one failing check (each already printed with its fix)."""
 

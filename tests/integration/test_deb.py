@@ -62,6 +62,7 @@ INSTALLED = (
     "/etc/logrotate.d/gpuhook",
     "/lib/systemd/system/gpuhook-inventory.service",
     "/lib/systemd/system/gpuhook-inventory.path",
+    "/lib/systemd/system/gpuhook-runtime.service",
     "/usr/lib/python3/dist-packages/gpuhook/_shim_entry.py",
     "/usr/lib/python3/dist-packages/gpuhook/schemas/config.schema.json",
     "/usr/lib/python3/dist-packages/gpuhook/schemas/cdi.schema.json",
@@ -83,6 +84,9 @@ FOOTPRINT = (
     "/lib/systemd/system/gpuhook-inventory.path",
     "/etc/systemd/system/multi-user.target.wants/gpuhook-inventory.service",
     "/etc/systemd/system/paths.target.wants/gpuhook-inventory.path",
+    "/lib/systemd/system/gpuhook-runtime.service",
+    "/etc/systemd/system/multi-user.target.wants/gpuhook-runtime.service",
+    "/run/gpuhook/runtime.sock",
     "/usr/lib/python3/dist-packages/gpuhook",
     "/usr/share/doc/gpuhook",
     "/usr/share/man/man1/gpuhook.1.gz",
@@ -501,6 +505,9 @@ def install_and_use(chroot: Chroot, built: Built) -> set[str]:
     assert hook.returncode == 1 and "needs gpuhook-runtime" in hook.stderr
     assert (
         chroot.root / "etc/systemd/system/paths.target.wants/gpuhook-inventory.path"
+    ).is_symlink()
+    assert (
+        chroot.root / "etc/systemd/system/multi-user.target.wants/gpuhook-runtime.service"
     ).is_symlink()
     pointer = chroot.root / "run/gpuhook/config/etc/gpuhook/config.yaml/runtime"
     assert pointer.read_text().splitlines()[0] == "/usr/sbin/runc"

@@ -31,12 +31,14 @@ class Context:
         self.debug = debug
         self._config: Config | None = None
 
-    def config(self) -> Config:
+    def config(self, *, structlog: bool = True) -> Config:
+        """The config, loaded once; logging configured from it (through structlog unless
+        ``structlog`` is False: the runtime service keeps the shim's own writer)."""
         if self._config is None:
             if self.debug:
                 os.environ[config_mod.ENV_DEBUG] = "1"
             self._config = config_mod.load(self.config_file)
-            log.configure(self._config.log_level, self._config.log_file, prefer_structlog=True)
+            log.configure(self._config.log_level, self._config.log_file, prefer_structlog=structlog)
             ctx = click.get_current_context(silent=True)
             log.get_logger().debug(
                 "cli",
@@ -306,7 +308,7 @@ def inspect_spec(
 
 @main.group("runtime")
 def runtime_group() -> None:
-    """Register gpuhook-runtime with docker, containerd or podman."""
+    """Register gpuhook-runtime with docker, containerd or podman; run the runtime service."""
 
 
 def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -424,6 +426,43 @@ def _report_plan(plan: Any, dry_run: bool, unchanged: str) -> None:
         click.echo(f"restart {plan.service} to apply: {restart}")
     else:
         click.echo(f"{plan.engine} reads {main_path} on every command: nothing to restart")
+
+
+@runtime_group.command("serve")
+@click.option(
+    "--socket",
+    "socket_path",
+    metavar="PATH",
+    help="The socket to listen on (default: runtime.service in the config, "
+    "/run/gpuhook/runtime.sock).",
+)
+@pass_ctx
+def runtime_serve(obj: Context, socket_path: str | None) -> None:
+    """Run the runtime service until SIGTERM: gpuhook-runtime hands it the creates that need a
+    decision, so they start no Python interpreter (systemd: gpuhook-runtime.service).
+
+    Optional: while it is not running, gpuhook-runtime starts Python for those creates itself.
+    The socket is the running user's only (mode 0600); a caller of another user, namespace or
+    root folder is left to start Python itself."""
+    from gpuhook.runtime import service
+
+    config = obj.config(structlog=False)
+    path = os.path.abspath(socket_path) if socket_path else config.service_socket
+    if not path:
+        raise UsageError(
+            f"runtime serve: runtime.service is empty in {config.source} (the runtime service "
+            "is disabled); set it there or give --socket PATH"
+        )
+    logger = log.get_logger(socket=path, pid=os.getpid())
+
+    def announce(line: str) -> None:
+        logger.info("runtime service started", version=__version__, config=config.source)
+        click.echo(line)
+
+    import signal
+
+    signum = service.serve(path, announce)
+    logger.info("runtime service stopped", signal=signal.Signals(signum).name)
 
 
 # --- node (the DaemonSet's installer) -----------------------------------------------------------

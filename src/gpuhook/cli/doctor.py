@@ -445,6 +445,32 @@ def check_runtime(node: Node) -> Result:
     return Result("runtime", PASS, f"{config.runtime} ({first or 'version unknown'})")
 
 
+@register("runtime service")
+def check_runtime_service(node: Node) -> Result:
+    from gpuhook.runtime import service
+
+    config = node.need_config()
+    name = "runtime service"
+    path = config.service_socket
+    if not path:
+        return Result(
+            name,
+            SKIP,
+            f"disabled in config (runtime.service is empty in {config.source}): creates with a "
+            "GPU marker start Python",
+        )
+    problem = service.probe(path)
+    if problem:
+        return Result(
+            name,
+            WARN,
+            f"not running ({problem}): creates with a GPU marker start Python: slower, still "
+            "correct",
+            "systemctl enable --now gpuhook-runtime.service (or run: gpuhook runtime serve)",
+        )
+    return Result(name, PASS, f"listening at {path}")
+
+
 @register("hook")
 def check_hook(node: Node) -> Result:
     config = node.need_config()

@@ -11,6 +11,10 @@ runtime without Python; the shim does the same when the dispatcher hands it such
 (an unusual case: no trusted cache, the debug switch), after a byte scan, with no JSON parse.
 ``exec`` of a container whose grant carries environment gets it in its process file
 (:mod:`gpuhook.records.execenv`); ``delete`` removes that marker.
+
+Where the runtime is exec'ed is a seam: :func:`main` takes an ``execute`` callable that replaces
+:func:`os.execv` (the runtime service, :mod:`gpuhook.runtime.service`, runs the shim in a forked
+child and hands the runtime's path back to the dispatcher, whose process execs it).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from gpuhook.runtime import runc_argv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Callable
+    from typing import Any, NoReturn
 
     from gpuhook.config import Config
     from gpuhook.fsutil import FileLock
@@ -32,15 +37,20 @@ if TYPE_CHECKING:
     from gpuhook.pipeline.flow import Outcome
     from gpuhook.runtime.runc_argv import RuntimeArgs
 
+    # execv's shape: (path, argv) -> never returns; raises OSError as execv does when it cannot
+    Execute = Callable[[str, list[str]], NoReturn]
+
 PROG = "gpuhook-runtime"
 NOTE = "no GPU marker in config.json (the spec was not parsed)"
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], execute: Execute | None = None) -> int:
+    """Run one call (``argv[0]`` is not used); returns an exit code when it does not exec the
+    runtime. ``execute`` replaces :func:`os.execv` for the runtime's exec."""
     args = runc_argv.parse(argv[1:])
     how = runc_argv.route(args, argv[1:])
     if how == runc_argv.CREATE:
-        return _create(argv, args)
+        return _create(argv, args, execute)
     if how == runc_argv.REFUSE:
         return _fail(args, UsageError(_unplaced(args)))
     config = _config_or_none()
@@ -55,8 +65,8 @@ def main(argv: list[str]) -> int:
         if failure is not None:
             return _fail(args, failure)
     if config is not None and how == runc_argv.DELETE:
-        return _delete(config, runtime, argv, args)
-    return _exec(runtime, argv, args)
+        return _delete(config, runtime, argv, args, execute)
+    return _exec(runtime, argv, args, execute)
 
 
 def _unplaced(args: RuntimeArgs) -> str:
@@ -86,14 +96,16 @@ def _exec_env(config: Config, args: RuntimeArgs, argv: list[str]) -> GpuhookErro
     return None
 
 
-def _delete(config: Config, runtime: str, argv: list[str], args: RuntimeArgs) -> int:
+def _delete(
+    config: Config, runtime: str, argv: list[str], args: RuntimeArgs, execute: Execute | None
+) -> int:
     """Run the runtime's delete; when it succeeds, remove the container's exec-env marker (a
     container without one: exec the runtime, as the dispatcher does)."""
     from gpuhook.records import execenv
 
     marker = execenv.marker_path(config.state_dir, args.container_id)
     if not marker or not os.path.lexists(marker):
-        return _exec(runtime, argv, args)
+        return _exec(runtime, argv, args, execute)
     import subprocess
 
     try:
@@ -123,22 +135,26 @@ def _runtime(config: Config | None) -> str:
     return resolve_runtime("")
 
 
-def _exec(runtime: str, argv: list[str], args: RuntimeArgs) -> int:
-    """Replace this process with the runtime; returns (an exit code) only if that fails."""
+def _exec(runtime: str, argv: list[str], args: RuntimeArgs, execute: Execute | None) -> int:
+    """Replace this process with the runtime (or hand it to ``execute``); returns (an exit code)
+    only if that fails."""
+    run = os.execv if execute is None else execute
     try:
-        os.execv(runtime, [runtime, *argv[1:]])
+        run(runtime, [runtime, *argv[1:]])
     except OSError as exc:
         return _fail(args, RuntimeNotFoundError(f"cannot execute {runtime}: {exc.strerror}"))
 
 
-def _exec_configured(config: Config | None, argv: list[str], args: RuntimeArgs) -> int:
+def _exec_configured(
+    config: Config | None, argv: list[str], args: RuntimeArgs, execute: Execute | None
+) -> int:
     runtime = _runtime(config)
     if not runtime:
         return _fail(args, RuntimeNotFoundError("no low-level OCI runtime found"))
-    return _exec(runtime, argv, args)
+    return _exec(runtime, argv, args, execute)
 
 
-def _create(argv: list[str], args: RuntimeArgs) -> int:
+def _create(argv: list[str], args: RuntimeArgs, execute: Execute | None) -> int:
     """A spec without any GPU marker is passed through with no record (as the sh dispatcher
     does); anything else gets the full decision."""
     from gpuhook import markers
@@ -150,13 +166,13 @@ def _create(argv: list[str], args: RuntimeArgs) -> int:
     except SpecError as exc:
         return _fail(args, exc)
     if markers.may_request_gpu(raw):
-        return _create_full(argv, args, bundle, raw)
+        return _create_full(argv, args, bundle, raw, execute)
     config = _config_or_none()
     if config is not None:
         _forget_exec_env(config, args)
         _configure_log(config)
         _log_no_request(args, bundle, None, NOTE)
-    return _exec_configured(config, argv, args)
+    return _exec_configured(config, argv, args, execute)
 
 
 def _forget_exec_env(config: Config, args: RuntimeArgs) -> None:
@@ -166,7 +182,9 @@ def _forget_exec_env(config: Config, args: RuntimeArgs) -> None:
     execenv.forget(config.state_dir, args.container_id)
 
 
-def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) -> int:
+def _create_full(
+    argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes, execute: Execute | None
+) -> int:
     from gpuhook import config as config_mod
     from gpuhook.pipeline import request
     from gpuhook.runtime import ocispec
@@ -194,8 +212,8 @@ def _create_full(argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes) ->
             failure = _record(config, args, bundle, None, request=req)
             if failure:
                 _logger(args, bundle).warning("record not written", error=failure)
-        return _exec_configured(config, argv, args)
-    return _decide(argv, args, bundle, spec, config, req)
+        return _exec_configured(config, argv, args, execute)
+    return _decide(argv, args, bundle, spec, config, req, execute)
 
 
 def _logger(args: RuntimeArgs, bundle: str) -> Any:
@@ -211,6 +229,7 @@ def _decide(
     spec: dict[str, Any],
     config: Config,
     req: Request,
+    execute: Execute | None,
 ) -> int:
     """A GPU request: decide, rewrite the spec, write the record and the exec-env marker."""
     from gpuhook.records import execenv
@@ -246,7 +265,7 @@ def _decide(
         runtime = config.require_runtime()
     except GpuhookError as exc:
         return _fail(args, exc)
-    return _exec(runtime, argv, args)
+    return _exec(runtime, argv, args, execute)
 
 
 def _log_decision(logger: Any, outcome: Outcome) -> None:
