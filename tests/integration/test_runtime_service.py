@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 import testbed
 
+from gpuhook import config as config_mod
 from gpuhook.records import execenv, writer
-from gpuhook.runtime import service
+from gpuhook.runtime import dispatch, service
 from tests import factories as f
 from tests.conftest import Containers, FakeNode
 from tests.integration.test_hot_path_imports import create as create_with_importtime
@@ -662,3 +663,54 @@ def test_the_service_has_imported_what_the_shim_process_imports(
             case_env, containers.bundle(**kw), name.replace(" ", "-")
         )
         assert modules - set(preloaded) == set(), name
+
+
+# --- the compiled dispatcher with the service ------------------------------------------------
+
+
+def relocated_dispatcher(folder: Path, command: list[str]) -> Path:
+    """build/bin/gpuhook-runtime with ``command`` as its interpreter command."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "gpuhook-runtime"
+    path.write_bytes(dispatch.relocate((REPO / "build/bin/gpuhook-runtime").read_bytes(), command))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["leak", "gpu1"])
+def test_the_dispatcher_hands_gpu_creates_to_the_service_and_starts_no_interpreter(
+    node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start, case: str
+) -> None:
+    """The real dispatcher, whose interpreter command names a file that does not exist (any
+    Python start would fail the create with "cannot execute"), with the service on the config's
+    socket: the GPU create is decided by the service and the container sees its grant; a
+    container without a marker is passed to runc. With the service stopped, the same create needs
+    the interpreter (and fails here); a dispatcher with a real one decides it without a service."""
+    sock = tmp_path / "svc" / "runtime.sock"
+    env = case_env(node, tmp_path / "cfg", case, runtime={"service": str(sock)})
+    config_mod.load(env["GPUHOOK_CONFIG"])  # the cache and pointer, as any gpuhook call writes
+    svc = runtime_service(env, socket=sock)
+    missing = tmp_path / "no-python"
+    runtime = str(relocated_dispatcher(tmp_path / "none", [str(missing)]))
+    seen = containers.probe(env, runtime=runtime, **CASES[case])
+    assert seen["returncode"] == 0, seen["stderr"]
+    if case == "leak":
+        assert (seen["dev"], seen["env"]["NVIDIA_VISIBLE_DEVICES"]) == ([], "void")
+    else:
+        assert (seen["dev"], seen["env"]["NVIDIA_VISIBLE_DEVICES"]) == (gpus(1), uuid(node, 1))
+        assert seen["smi"][-1] == "rc=0"
+    record = json.loads((seen["bundle"] / writer.RECORD_NAME).read_text())
+    assert record["container_id"] == seen["container_id"]
+    plain = containers.probe(env, runtime=runtime)
+    assert (plain["returncode"], plain["dev"]) == (0, [])
+    assert not (plain["bundle"] / writer.RECORD_NAME).exists()
+    svc.stop()
+    failed = containers.probe(env, runtime=runtime, **CASES[case])
+    assert failed["returncode"] != 0
+    assert f"gpuhook: cannot execute {missing}: No such file or directory" in failed["stderr"]
+    python = dispatch.python_command(sys.executable, str(REPO / "src"))
+    fallback = containers.probe(env, runtime=str(relocated_dispatcher(tmp_path / "py", python)),
+                                **CASES[case])  # fmt: skip
+    assert fallback["returncode"] == 0, fallback["stderr"]
+    assert fallback["dev"] == seen["dev"]
