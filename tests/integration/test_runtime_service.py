@@ -519,6 +519,18 @@ def children_of(pid: int) -> list[str]:
     return states
 
 
+def children_pids(pid: int) -> list[int]:
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
 def test_many_creates_at_once_are_all_answered(
     node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start
 ) -> None:
@@ -547,11 +559,18 @@ def test_many_creates_at_once_are_all_answered(
             and len(paths & {f"/dev/nvidia{g}" for g in range(8)}) == 1
         )
         assert json.loads((bundle / writer.RECORD_NAME).read_text())["container_id"] == f"many-{i}"
-    for _ in range(100):  # the children exit once they replied; none is left a zombie
-        if not children_of(svc.process.pid):
+    for _ in range(100):  # the workers exit once they replied (none is left a zombie); the
+        if children_of(svc.process.pid) == ["S"] * service.POOL:  # idle pool waits for more
             break
         time.sleep(0.05)
-    assert children_of(svc.process.pid) == []
+    assert children_of(svc.process.pid) == ["S"] * service.POOL
+    pool = children_pids(svc.process.pid)
+    svc.stop()
+    for _ in range(100):  # stopping the service ends its idle workers
+        if not any(os.path.exists(f"/proc/{pid}") for pid in pool):
+            break
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pool)
 
 
 def test_sigterm_removes_the_socket_and_start_stop_are_logged(

@@ -16,11 +16,12 @@ reply
 
 The service (:func:`serve`, ``gpuhook runtime serve``) listens on a socket only its user may
 connect to (mode 0600) and imports everything the shim's create path imports before it accepts,
-so a request costs a ``fork`` and no interpreter start and no import. Each connection gets its
-own child process. The child declines (and the dispatcher runs Python in its own context, as
-without the service) any request it cannot take whole: a malformed message, a wrong number of
-descriptors, or a caller that is not the service's own user in the service's own mount, pid and
-user namespaces with the same root folder, the capabilities the service has and no confinement
+so a request costs no interpreter start, no import and no wait for a ``fork``: :data:`POOL`
+forked workers wait in ``accept``, each serves one connection in its own process and exits, and
+the parent forks the next as soon as one is taken. The worker declines (and the dispatcher runs
+Python in its own context, as without the service) any request it cannot take whole: a
+malformed message, a wrong number of descriptors, or a caller that is not the service's own
+user in the service's own mount, pid and user namespaces with the same root folder, the capabilities the service has and no confinement
 (``no_new_privs``, seccomp) the service lacks (the caller is the process SO_PEERCRED names,
 checked in /proc; one that started after the connection was accepted is another process that
 got its pid). Otherwise the child takes the caller's stdio, working folder, environment and
@@ -55,6 +56,7 @@ DECLINE = b"F"
 MAX_REQUEST = 1 << 20
 FDS = 4
 MAX_REPLY = 1 + 4096  # the kind and a path of PATH_MAX bytes
+POOL = 4  # forked workers waiting for a call (each serves one; the parent forks the next)
 
 # Every gpuhook module the shim may import lazily (its GPU paths: the leak case, GPUs, MIG, MPS,
 # records, exec-env markers, logging; the lazy inventory refresh), imported by the service before
@@ -250,6 +252,7 @@ def serve(socket_path: str, announce: Callable[[str], None]) -> int:
     logs through the same writer as in its own process (:mod:`gpuhook.log`)."""
     import gc
     import signal
+    import socket
 
     def stop(signum: int, _frame: object) -> None:
         raise _Stop(signum)
@@ -280,8 +283,12 @@ def serve(socket_path: str, announce: Callable[[str], None]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        listener.close()
         _remove_socket(socket_path, identity)
+        try:
+            listener.shutdown(socket.SHUT_RDWR)  # the idle workers' accept ends: they exit
+        except OSError:
+            pass
+        listener.close()
 
 
 def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
@@ -364,39 +371,79 @@ def preload() -> None:
 
 
 def _accept(listener: socket.socket) -> NoReturn:
+    """Keep :data:`POOL` forked workers waiting in ``accept``, so that a call finds its process
+    already forked. Each worker serves one connection and exits; as soon as it has one it writes
+    its pid to a pipe, and the parent forks the next. Workers that died idle are replaced."""
+    import select
+    import struct
+
+    ready_fd, told_fd = os.pipe()
+    idle: set[int] = set()
+    while True:
+        while len(idle) < POOL:
+            pid = _spawn(listener, ready_fd, told_fd)
+            if not pid:
+                break
+            idle.add(pid)
+        if select.select([ready_fd], [], [], 5.0)[0]:
+            data = os.read(ready_fd, 4096)  # whole 4-byte records: each write is atomic
+            idle.difference_update(pid for (pid,) in struct.iter_unpack("i", data))
+        else:
+            idle = {pid for pid in idle if _alive(pid)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def _spawn(listener: socket.socket, ready_fd: int, told_fd: int) -> int:
+    """Fork one worker; its pid (0 when the fork failed: logged, retried a little later).
+    SIGTERM and SIGINT wait until the worker has its own handlers."""
+    import signal
     import time
 
     from gpuhook import log
 
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except OSError as exc:  # out of descriptors or memory: wait, then try again
-            log.get_logger().warning("runtime service accept failed", error=str(exc))
-            time.sleep(0.1)
-            continue
-        accepted = time.clock_gettime(time.CLOCK_BOOTTIME)
-        _fork(listener, conn, accepted)
-
-
-def _fork(listener: socket.socket, conn: socket.socket, accepted: float) -> None:
-    """One child per connection; the parent keeps nothing of it. SIGTERM and SIGINT wait until
-    the child has its own handlers and the parent has closed the connection."""
-    import signal
-
     held = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            _send(conn, DECLINE, f"the runtime service cannot fork: {exc.strerror}".encode())
-            return
-        if pid == 0:
-            _child(listener, conn, accepted)
-    finally:
-        conn.close()
+        pid = os.fork()
+    except OSError as exc:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+        log.get_logger().warning("runtime service cannot fork", error=str(exc))
+        time.sleep(0.1)
+        return 0
+    if pid == 0:
+        os.close(ready_fd)
+        _worker(listener, told_fd)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+    return pid
+
+
+def _worker(listener: socket.socket, told_fd: int) -> NoReturn:
+    """Wait for one connection (the parent shutting the listener down ends an idle worker),
+    tell the parent, serve it."""
+    import signal
+    import struct
+    import time
+
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # idle: nothing to finish
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+        conn, _ = listener.accept()
+        accepted = time.clock_gettime(time.CLOCK_BOOTTIME)
+        os.write(told_fd, struct.pack("i", os.getpid()))
+        os.close(told_fd)
+    except BaseException:  # the listener is gone: the service is stopping
+        os._exit(0)
+    _child(listener, conn, accepted)
 
 
 def _child(listener: socket.socket, conn: socket.socket, accepted: float) -> NoReturn:
