@@ -21,8 +21,8 @@ forked workers wait in ``accept``, each serves one connection in its own process
 the parent forks the next as soon as one is taken. The worker declines (and the dispatcher runs
 Python in its own context, as without the service) any request it cannot take whole: a
 malformed message, a wrong number of descriptors, or a caller that is not the service's own
-user in the service's own mount, pid and user namespaces with the same root folder, the capabilities the service has and no confinement
-(``no_new_privs``, seccomp) the service lacks (the caller is the process SO_PEERCRED names,
+user in the service's own mount, pid and user namespaces with the same root folder, the
+capabilities the service has and no confinement (``no_new_privs``, seccomp) the service lacks (the caller is the process SO_PEERCRED names,
 checked in /proc; one that started after the connection was accepted is another process that
 got its pid). Otherwise the child takes the caller's stdio, working folder, environment and
 umask and runs :func:`gpuhook.runtime.shim.main` as the process would (``sys.argv[0]`` is the
