@@ -19,20 +19,20 @@ connect to (mode 0600) and imports everything the shim's create path imports bef
 so a request costs no interpreter start, no import and no wait for a ``fork``: :data:`POOL`
 forked workers wait in ``accept``, each serves one connection in its own process and exits, and
 the parent forks the next as soon as one is taken. The worker declines (and the dispatcher runs
-Python in its own context, as without the service) any request it cannot take whole: a
-malformed message, a wrong number of descriptors, or a caller that is not the service's own
-user in the service's own mount, pid and user namespaces with the same root folder, the
-capabilities the service has and no confinement (``no_new_privs``, seccomp) the service lacks (the caller is the process SO_PEERCRED names,
-checked in /proc; one that started after the connection was accepted is another process that
-got its pid). Otherwise the child takes the caller's stdio, working folder, environment and
-umask and runs :func:`gpuhook.runtime.shim.main` as the process would (``sys.argv[0]`` is the
-shim's entry script, logging starts unconfigured), with one difference: where the shim would
-exec the runtime, the child checks that it is an executable file and replies :data:`EXEC`; the
-caller's process execs it, so the runtime's parent is the engine's shim and the runtime runs
-with the caller's cgroup, limits and credentials, as without the service (the shim's own work
-runs in the service's). A failure the shim reports (one line on
-the caller's stderr and in runc's ``--log``) is replied as :data:`EXIT`; an unexpected one gets
-one line of its own and exit code 1. A connection closed before any request (``gpuhook doctor``'s
+Python in its own context, as without the service) any request it cannot take whole: a malformed
+message, a wrong number of descriptors, or a caller that is not the service's own user in the
+service's own mount, pid and user namespaces with the same root folder, the capabilities the
+service has and no confinement (``no_new_privs``, seccomp) the service lacks (the caller is the
+process SO_PEERCRED names, checked in /proc; one that started after the connection was accepted
+is another process that got its pid). Otherwise the child takes the caller's stdio, working
+folder, environment and umask and runs :func:`gpuhook.runtime.shim.main` as the process would
+(``sys.argv[0]`` is the shim's entry script, logging starts unconfigured), with one difference:
+where the shim would exec the runtime, the child checks that it is an executable file and
+replies :data:`EXEC`; the caller's process execs it, so the runtime's parent is the engine's
+shim and the runtime runs with the caller's cgroup, limits and credentials, as without the
+service (the shim's own work runs in the service's). A failure the shim reports (one line on the
+caller's stderr and in runc's ``--log``) is replied as :data:`EXIT`; an unexpected one gets one
+line of its own and exit code 1. A connection closed before any request (``gpuhook doctor``'s
 probe) is not answered.
 """
 
