@@ -337,7 +337,10 @@ def test_driver_files(built: Built) -> None:
         "driver_root": d,
         "dev_root": t["dev_root"],
         "state_dir": t["state_dir"],
-        "runtime": {"path": t["runtime"]},
+        "runtime": {
+            "path": t["runtime"],
+            "service": os.path.join(os.path.dirname(t["config"]), "runtime.sock"),
+        },
         "log": {"level": "debug", "file": t["log_file"]},
         "hook": {"path": str(REPO / ".venv/bin/gpuhook"), "ldconfig": "/sbin/ldconfig"},
         "cdi": {"output": os.path.join(os.path.dirname(t["config"]), "cdi", "gpuhook-nvidia.json")},
