@@ -3,7 +3,7 @@
 The dispatcher starts ``python3 -I -S _shim_entry.py``; these tests start exactly that with
 ``-X importtime`` added, which reports every module the process imports before it execs the
 runtime (a recorder script standing in for runc). A create without GPU markers normally never
-reaches Python (the sh dispatcher execs the runtime: tests/integration/test_dispatcher.py); when
+reaches Python (the dispatcher execs the runtime: tests/integration/test_dispatcher.py); when
 it does (the debug switch, no trusted cache) it imports only the shim and writes no record. The
 full paths (a spec with markers: the leak case, GPU containers, a MIG node) must import none of
 the heavy modules, except pynvml when the inventory is refreshed lazily.

@@ -1,5 +1,5 @@
 """hook.path unset: the createContainer hook runs the gpuhook installed beside the running
-gpuhook-runtime, for each install layout (real runc): ``make build``'s sh dispatchers
+gpuhook-runtime, for each install layout (real runc): ``make build``'s dispatchers
 (build/bin, as the .deb's in /usr/bin) and a pip install's console scripts (a virtualenv's bin).
 Before, the default was /usr/bin/gpuhook, and a pip install's GPU containers failed to start."""
 
@@ -48,7 +48,7 @@ def venv_bin(folder: Path) -> Path:
 
 
 def build_bin_copy(folder: Path) -> Path:
-    """The sh dispatchers of build/bin in a folder of their own, gpuhook-runtime reached through
+    """The dispatchers of build/bin in a folder of their own, gpuhook-runtime reached through
     a link from elsewhere (the hook is found beside the link's target)."""
     folder.mkdir(parents=True)
     for name in ("gpuhook", "gpuhook-runtime"):

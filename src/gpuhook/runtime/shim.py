@@ -6,7 +6,7 @@ other subcommand is exec'ed straight through. It never writes to stdout. Its own
 stderr as one line and into runc's ``--log`` file in runc's format, where docker and containerd
 pick them up.
 
-The installed sh dispatcher passes a create whose spec holds no GPU marker straight to the
+The installed dispatcher passes a create whose spec holds no GPU marker straight to the
 runtime without Python; the shim does the same when the dispatcher hands it such a create
 (an unusual case: no trusted cache, the debug switch), after a byte scan, with no JSON parse.
 ``exec`` of a container whose grant carries environment gets it in its process file
@@ -155,7 +155,7 @@ def _exec_configured(
 
 
 def _create(argv: list[str], args: RuntimeArgs, execute: Execute | None) -> int:
-    """A spec without any GPU marker is passed through with no record (as the sh dispatcher
+    """A spec without any GPU marker is passed through with no record (as the dispatcher
     does); anything else gets the full decision."""
     from gpuhook import markers
     from gpuhook.runtime import ocispec
@@ -405,7 +405,7 @@ def _runtime_log(path: str, log_format: str, message: str) -> None:
 
 def console_main() -> None:
     """Entry point of the pip-installed ``gpuhook-runtime`` script (the .deb installs a faster
-    POSIX sh dispatcher that execs runc for non-create calls without starting Python)."""
+    compiled dispatcher that execs runc for non-create calls without starting Python)."""
     raise SystemExit(main(sys.argv))
 
 
