@@ -3,7 +3,8 @@
 `gpuhook inspect` says about them.
 
 1. build the fake node (mknod device nodes, stand-in driver libraries, a C libnvidia-ml)
-2. gpuhook inventory refresh, gpuhook inspect node
+2. gpuhook inventory refresh, gpuhook inspect node; gpuhook runtime serve (the runtime service
+   the .deb runs: the GPU creates below start no interpreter)
 3. three containers: one asks for GPU 1; a Kubernetes pod whose image says
    NVIDIA_VISIBLE_DEVICES=all without any GPU allocated (the stock runtime's default-"all" leak);
    the same pod once the kubelet allocated GPU 2 to it. Each prints the /dev/nvidia* nodes it
@@ -93,6 +94,23 @@ def main() -> None:
     sh([testbed.GPUHOOK, "inventory", "refresh"], env)
     sh([testbed.GPUHOOK, "inspect", "node", "--output", "table"], env)
 
+    step("2b. The runtime service: GPU creates are decided without starting an interpreter")
+    print(f"$ {testbed.GPUHOOK} runtime serve &", flush=True)
+    service = subprocess.Popen(
+        [testbed.GPUHOOK, "runtime", "serve"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    if service.stdout is not None:
+        print(service.stdout.readline(), end="", flush=True)
+    try:
+        containers(env, checkpoint)
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+    print(f"\nDemo files are in {DEMO}. Use: export GPUHOOK_CONFIG={env['GPUHOOK_CONFIG']}")
+
+
+def containers(env: dict[str, str], checkpoint: str) -> None:
+    """Steps 3a-3c: real runc containers through gpuhook-runtime, then what was decided."""
     rootfs = testbed.build_rootfs(f"{DEMO}/rootfs")
     state = f"{DEMO}/runc-state"
     os.makedirs(state, exist_ok=True)
@@ -151,7 +169,6 @@ def main() -> None:
     # What was decided, from the decision records the creates wrote: the pod, then one container.
     sh([testbed.GPUHOOK, "inspect", "pod", "ml/trainer", "--output", "table"], env)
     sh([testbed.GPUHOOK, "inspect", "container", "demo-alloc", "--output", "table"], env)
-    print(f"\nDemo files are in {DEMO}. Use: export GPUHOOK_CONFIG={env['GPUHOOK_CONFIG']}")
 
 
 if __name__ == "__main__":

@@ -36,5 +36,6 @@ def test_the_demo_runs_real_containers_and_explains_them(tmp_path: Path) -> None
         ["nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidia2", "nvidiactl"],
     ]
     assert "NVIDIA_VISIBLE_DEVICES=void" in run.stdout
+    assert "gpuhook runtime service: listening on " in run.stdout
     pod = run.stdout.split("inspect pod ml/trainer", 1)[1]
     assert "demo-leak" in pod and "refused" in pod and "demo-alloc" in pod and "granted 2" in pod
