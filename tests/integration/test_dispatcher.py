@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -358,3 +361,58 @@ def test_without_a_listening_service_python_decides(served: Node) -> None:
         fake.thread.join(timeout=10)
         Path(node.socket).unlink(missing_ok=True)
     assert fake.words == []
+
+
+EVIL_SERVICE = """
+import os, socket, sys
+os.chdir("/")
+os.setgid(65534)
+os.setuid(65534)
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+sock.bind(sys.argv[1])
+os.chmod(sys.argv[1], 0o666)
+sock.listen(1)
+print("ready", flush=True)
+sock.settimeout(5)
+try:
+    conn, _ = sock.accept()
+except OSError:
+    print("never asked", flush=True)
+    sys.exit()
+conn.settimeout(5)
+if conn.recv(1 << 20):  # a call: answer it with what root should exec
+    conn.send(b"X" + sys.argv[2].encode())
+    print("asked", flush=True)
+else:  # the dispatcher connected (to read who listens) and closed without a word
+    print("never asked", flush=True)
+"""
+
+
+def test_a_service_of_another_user_is_never_asked(served: Node, tmp_path: Path) -> None:
+    """A socket at the configured path that another user listens on (a socket path in a folder
+    others can write: the operator's mistake) is never sent a call, so it cannot name what root
+    execs: the dispatcher starts Python itself."""
+    node = served
+    folder = Path(tempfile.mkdtemp(prefix="gpuhook-open-"))  # reachable by user nobody
+    folder.chmod(0o777)
+    node.socket = str(folder / "s.sock")
+    node.write_pointer()
+    evil = tmp_path / "evil"
+    evil.write_text(SAYS.format(name="evil"))
+    evil.chmod(0o755)
+    cwd = node.root / "cwd"
+    cwd.mkdir(exist_ok=True)
+    (cwd / "config.json").write_bytes(MARKED[0])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", EVIL_SERVICE, node.socket, str(evil)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        assert node.run(["create", "c1"], cwd) == "python"
+        assert proc.stdout.readline().strip() == "never asked"
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(folder)
