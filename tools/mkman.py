@@ -91,7 +91,10 @@ On \fBcreate\fR and \fBrun\fR it reads \fIBUNDLE\fR/config.json, decides, writes
 atomically when it changed, and executes runc (or crun) with the untouched arguments. Every other
 command is passed to runc directly. A container with no GPU request is never blocked by gpuhook's
 own faults; a GPU request that cannot be satisfied fails the create with one line naming the cause,
-on stderr and in runc's \fB\-\-log\fR file.
+on stderr and in runc's \fB\-\-log\fR file. It is a small static program: a create whose spec
+holds no GPU marker, and every other command, start no interpreter; a create with a marker is
+decided by the runtime service (\fBgpuhook runtime serve\fR, gpuhook\-runtime.service) when it
+listens on \fIruntime.service\fR, else by Python started for that create.
 .PP
 .B nvidia\-container\-runtime\-hook
 exists so that \fBdocker run \-\-gpus\fR finds the prestart hook it expects. gpuhook\-runtime
@@ -148,7 +151,8 @@ One record per container with the decision and its reasons.
 JSON\-lines log of every executable.
 .TP
 .I /run/gpuhook/
-The validated config cached for the container\-create path.
+The validated config cached for the container\-create path, and the runtime service's socket
+(\fIruntime.sock\fR).
 .SH EXIT STATUS
 0 on success, 1 on a failure with a one\-line message, 2 for a bad command line or an invalid
 config, 70 for an internal error (please report it), 130 when interrupted.
