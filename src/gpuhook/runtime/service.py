@@ -58,50 +58,22 @@ FDS = 4
 MAX_REPLY = 1 + 4096  # the kind and a path of PATH_MAX bytes
 POOL = 4  # forked workers waiting for a call (each serves one; the parent forks the next)
 
-# Every gpuhook module the shim may import lazily (its GPU paths: the leak case, GPUs, MIG, MPS,
-# records, exec-env markers, logging; the lazy inventory refresh), imported by the service before
-# it forks, so that a request imports nothing (but pynvml for a lazy inventory refresh, and yaml
-# and jsonschema to compile a config edited since its cache was written).
-# tests/unit/test_runtime_service.py checks this list against the shim's imports,
-# tests/integration/test_runtime_service.py against what the shim imports as a process.
-PRELOAD = (
-    "subprocess",
-    "gpuhook._fastjson",
-    "gpuhook._site",
-    "gpuhook.config",
-    "gpuhook.errors",
-    "gpuhook.fsutil",
-    "gpuhook.log",
-    "gpuhook.markers",
-    "gpuhook.model.decision",
-    "gpuhook.model.edits",
-    "gpuhook.model.fields",
-    "gpuhook.model.frozen",
-    "gpuhook.model.inventory",
-    "gpuhook.inventory.catalog",
-    "gpuhook.inventory.driverroot",
-    "gpuhook.inventory.elf",
-    "gpuhook.inventory.ldcache",
-    "gpuhook.inventory.nvml",
-    "gpuhook.inventory.store",
-    "gpuhook.mps.daemons",
-    "gpuhook.pipeline.apply",
-    "gpuhook.pipeline.devices",
-    "gpuhook.pipeline.flow",
-    "gpuhook.pipeline.identity",
-    "gpuhook.pipeline.inject",
-    "gpuhook.pipeline.kubelet",
-    "gpuhook.pipeline.policy",
-    "gpuhook.pipeline.request",
-    "gpuhook.pipeline.sharing",
-    "gpuhook.records.execenv",
-    "gpuhook.records.ids",
-    "gpuhook.records.writer",
-    "gpuhook.runtime.decide",
-    "gpuhook.runtime.ocispec",
-    "gpuhook.runtime.runc_argv",
-    "gpuhook.runtime.shim",
+# What the service imports before it forks, so that a request imports nothing (but pynvml for a
+# lazy inventory refresh, and yaml and jsonschema to compile a config edited since its cache was
+# written): every module of the packages the shim may import (gpuhook.runtime's "May import" set,
+# which tests/unit/test_layout.py enforces), gpuhook's top-level modules but the entry scripts,
+# and the standard library modules the shim imports inside functions.
+# tests/integration/test_runtime_service.py checks it against what the shim imports as a process.
+PRELOAD_PACKAGES = (
+    "gpuhook.runtime",
+    "gpuhook.pipeline",
+    "gpuhook.records",
+    "gpuhook.mps",
+    "gpuhook.inventory",
+    "gpuhook.model",
 )
+ENTRY_SCRIPTS = frozenset({"__main__", "_cli_entry", "_shim_entry"})
+PRELOAD_STDLIB = ("subprocess",)
 # sys.argv[0] of the shim as the dispatcher starts it (config.running_program reads it)
 SHIM_ENTRY = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_shim_entry.py"
@@ -360,14 +332,26 @@ def _ensure_stdio() -> None:
                 os.close(null)
 
 
-def preload() -> None:
-    """Import what the shim imports lazily (:data:`PRELOAD`). Not the config compiler's yaml and
-    jsonschema: they would make every fork slower (about 0.5 ms here), and only the first child
-    that reads an edited config compiles it; the others read the compiled cache."""
+def preload() -> list[str]:
+    """Import what the shim may import lazily (see :data:`PRELOAD_PACKAGES`); the modules, in
+    order."""
     import importlib
+    import pkgutil
 
-    for name in PRELOAD:
+    import gpuhook
+
+    names = [*PRELOAD_STDLIB]
+    names += [
+        f"gpuhook.{m.name}"
+        for m in pkgutil.iter_modules(gpuhook.__path__)
+        if not m.ispkg and m.name not in ENTRY_SCRIPTS
+    ]
+    for package in PRELOAD_PACKAGES:
+        path = importlib.import_module(package).__path__
+        names += [m.name for m in pkgutil.iter_modules(path, package + ".") if not m.ispkg]
+    for name in names:
         importlib.import_module(name)
+    return names
 
 
 def _accept(listener: socket.socket) -> NoReturn:
