@@ -240,3 +240,23 @@ def runtime_service(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     yield start
     for svc in services:
         svc.stop()
+
+
+def systemd_verify(unit: Path, *expected: str) -> list[str]:
+    """What ``systemd-analyze verify`` says about ``unit`` (an instance name of a template is
+    fine), but the complaints a dev machine always has: /usr/bin/gpuhook not installed, and the
+    lines naming the man pages in ``expected``."""
+    out = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    return [
+        line
+        for line in (out.stdout + out.stderr).splitlines()
+        if line.strip()
+        and "/usr/bin/gpuhook is not executable" not in line
+        and not any(f"man {page}" in line for page in expected)
+    ]
