@@ -77,6 +77,9 @@ CREATE_COMMANDS = frozenset({"create", "run", "restore"})
 # Flags the shim refuses on a create: crun's --config puts the spec outside the bundle.
 UNSUPPORTED = frozenset({"config", "f"})
 BUNDLE_FLAGS = frozenset({"bundle", "b"})
+# The global flags naming runc's log file and its format, where the shim's one-line error goes.
+LOG_FLAG = "log"
+LOG_FORMAT_FLAG = "log-format"
 PROCESS_FLAGS = frozenset({"process", "p"})
 
 # What the shim does with a call (:func:`route`).
@@ -216,8 +219,8 @@ def parse(argv: list[str] | tuple[str, ...]) -> RuntimeArgs:
         command=command,
         bundle=_last(found, BUNDLE_FLAGS),
         container_id=cid,
-        log_path=glob.get("log") or "",
-        log_format=glob.get("log-format") or "text",
+        log_path=glob.get(LOG_FLAG) or "",
+        log_format=glob.get(LOG_FORMAT_FLAG) or "text",
         root=glob.get("root") or "",
         version=("version" in glob or "v" in glob) and not command,
         process=_last(found, PROCESS_FLAGS),
