@@ -394,11 +394,20 @@ def test_a_caller_in_another_context_is_declined(
     assert not (bundle / writer.RECORD_NAME).exists()
 
 
+def _top_folders(*paths: object) -> list[str]:
+    """The top-level folders a chrooted caller needs to see: the system's own, and the one
+    each absolute path named here lies in (the checkout may be anywhere: /work, /check, ...)."""
+    names = {"usr", "etc", "tmp", "proc", "dev", "bin", "lib", "lib64", "sbin"}
+    names |= {Path(str(p)).parts[1] for p in paths if str(p).startswith("/") and str(p) != "/"}
+    return sorted(n for n in names if os.path.lexists(f"/{n}"))
+
+
 def test_a_caller_with_another_root_is_declined(
     node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start
 ) -> None:
-    """A caller chrooted into a folder that shows the same /usr, /work and /tmp (so it can run
-    the dispatcher and name the same bundle) is still declined: its root is not the service's."""
+    """A caller chrooted into a folder that shows the same /usr, /tmp and the checkout's top
+    folder (so it can run the client and name the same bundle) is still declined: its root is
+    not the service's."""
     fake, _ = recorder(tmp_path / "cfg")
     env = node.variant(tmp_path / "cfg", runtime={"path": str(fake)})
     svc = runtime_service(env)
@@ -406,13 +415,14 @@ def test_a_caller_with_another_root_is_declined(
     root = tmp_path / "root"
     mounted: list[Path] = []
     try:
-        for name in ("usr", "etc", "work", "tmp", "proc", "dev"):
+        for name in _top_folders(sys.executable, CLIENT, bundle, tmp_path, *env.values()):
+            if os.path.islink(f"/{name}"):
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                (root / name).symlink_to(os.readlink(f"/{name}"))
+                continue
             (root / name).mkdir(parents=True)
             subprocess.run(["mount", "--bind", f"/{name}", str(root / name)], check=True)
             mounted.append(root / name)
-        for name in ("bin", "lib", "lib64", "sbin"):
-            if os.path.islink(f"/{name}"):
-                (root / name).symlink_to(os.readlink(f"/{name}"))
         argv = [str(CLIENT), "--socket", str(svc.socket), "--"]
         argv += ["gpuhook-runtime", "create", "--bundle", str(bundle), "c1"]
         out = subprocess.run(
