@@ -212,8 +212,6 @@ class Config(Frozen):
         "default_capabilities",
         "dev_root",
         "driver_root",
-        "hook_path",
-        "hook_path_source",
         "inventory_path",
         "ldconfig",
         "lib_dir",
@@ -242,8 +240,6 @@ class Config(Frozen):
     lib_dir: str
     bin_dir: str
     default_capabilities: tuple[str, ...]
-    hook_path: str
-    hook_path_source: str  # why hook_path is what it is, for doctor
     ldconfig: str
     cdi_output: str  # "" when the inventory refresh writes no CDI spec
     cdi_capabilities: tuple[str, ...]
@@ -253,9 +249,6 @@ class Config(Frozen):
     def __init__(self, source: str, data: dict[str, Any], runtime: str) -> None:
         inv = data["inventory"]
         pol = data["policy"]
-        hook = (data["hook"]["path"], f"hook.path in {source}")
-        if not hook[0]:
-            hook = default_hook_path()
         _init(
             self,
             source=source,
@@ -264,8 +257,7 @@ class Config(Frozen):
             dev_root=data["dev_root"],
             state_dir=data["state_dir"],
             runtime=runtime,
-            # .get: a compiled cache of an older build of the same version lacks the key
-            service_socket=data["runtime"].get("service", ""),
+            service_socket=data["runtime"]["service"],
             log_level="debug"
             if os.environ.get(ENV_DEBUG, "") not in ("", "0")
             else data["log"]["level"],
@@ -276,8 +268,6 @@ class Config(Frozen):
             lib_dir=data["inject"]["lib_dir"],
             bin_dir=data["inject"]["bin_dir"],
             default_capabilities=tuple(data["inject"]["default_capabilities"]),
-            hook_path=hook[0],
-            hook_path_source=hook[1],
             ldconfig=data["hook"]["ldconfig"],
             cdi_output=data["cdi"]["output"],
             cdi_capabilities=tuple(data["cdi"]["capabilities"])
@@ -286,11 +276,22 @@ class Config(Frozen):
                 pol["kubernetes"]["env_requests"],
                 pol["kubernetes"]["checkpoint"],
                 pol["standalone"]["env_requests"],
-                # .get: a compiled cache of an older build of the same version lacks the key
-                pol["kubernetes"].get("kubelet_dir", KUBELET_DIR_DEFAULT),
+                pol["kubernetes"]["kubelet_dir"],
             ),
             mps=MpsConfig(data["mps"]),
         )
+
+    @property
+    def hook_path(self) -> str:
+        """The hook's program (resolved when a hook is added, not at every load)."""
+        return self.data["hook"]["path"] or default_hook_path()[0]
+
+    @property
+    def hook_path_source(self) -> str:
+        """Why :attr:`hook_path` is what it is, for doctor."""
+        if self.data["hook"]["path"]:
+            return f"hook.path in {self.source}"
+        return default_hook_path()[1]
 
     @property
     def records_dir(self) -> str:
@@ -385,7 +386,7 @@ def load(explicit: str | None = None, *, use_cache: bool = True) -> Config:
         return Config("(defaults)", _merge(DEFAULTS, {}), resolve_runtime(""))
     except OSError as exc:
         raise ConfigError(path, exc.strerror or "cannot stat") from None
-    identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, __version__]
+    identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, __version__, _key_paths(DEFAULTS)]
     cache_dir = cache_dir_for(path)
     if use_cache:
         cached = _read_cache(cache_dir, identity)
@@ -398,6 +399,17 @@ def load(explicit: str | None = None, *, use_cache: bool = True) -> Config:
     config = Config(path, data, resolve_runtime(data["runtime"]["path"]))
     _write_cache(cache_dir, identity, config)
     return config
+
+
+def _key_paths(tree: Mapping[str, Any], prefix: str = "") -> str:
+    """Every key of ``tree``, dotted: part of the cache's identity, so that a cache compiled by
+    a build that knew other keys (under the same version string) is compiled anew."""
+    paths = []
+    for key, value in tree.items():
+        paths.append(prefix + key)
+        if isinstance(value, dict):
+            paths.append(_key_paths(value, f"{prefix}{key}."))
+    return " ".join(p for p in paths if p)
 
 
 def _read_cache(cache_dir: str, identity: list[Any]) -> dict[str, Any] | None:
@@ -415,8 +427,6 @@ def _read_cache(cache_dir: str, identity: list[Any]) -> dict[str, Any] | None:
         return None
     if not isinstance(cached.get("config"), dict) or not isinstance(cached.get("runtime"), str):
         return None
-    if any(key not in cached["config"] for key in DEFAULTS):
-        return None  # compiled by a build that knew fewer sections (same version string)
     return cached
 
 
@@ -436,7 +446,9 @@ def trusted_file(st: os.stat_result) -> bool:
 def pointer_text(config: Config) -> str:
     """The dispatcher's pointer: runtime, state folder, log level, service socket (one line
     each; the socket's may be empty)."""
-    lines = (config.runtime, config.state_dir, config.log_level)
+    # The file's level, never GPUHOOK_DEBUG of the process that happens to write the pointer:
+    # the dispatcher reads that variable of each call itself.
+    lines = (config.runtime, config.state_dir, config.data["log"]["level"])
     if any("\n" in x or not x for x in lines) or not all(x.startswith("/") for x in lines[:2]):
         return ""
     socket = config.service_socket

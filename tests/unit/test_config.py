@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -94,6 +95,35 @@ def test_compiled_cache_is_used_and_invalidated(
     write(tmp_path, "state_dir: /two\n")
     os.utime(path, ns=(1, 1))  # a different mtime: the cache no longer matches
     assert config_mod.load(path).state_dir == "/two"
+
+
+def test_the_pointer_holds_the_files_log_level_not_the_writers_debug_switch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`GPUHOOK_DEBUG=1 gpuhook doctor` after a config edit must not turn debug on for every
+    later create on the node: the dispatcher reads each call's own switch."""
+    monkeypatch.setattr(config_mod, "CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setenv(config_mod.ENV_DEBUG, "1")
+    path = write(tmp_path, "state_dir: /one\n")
+    cfg = config_mod.load(path)
+    assert cfg.log_level == "debug"  # this process logs at debug
+    pointer = Path(config_mod.cache_dir_for(path)) / "runtime"
+    assert pointer.read_text().splitlines()[2] == "info"
+
+
+def test_a_cache_compiled_by_a_build_with_other_keys_is_compiled_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config_mod, "CACHE_ROOT", str(tmp_path / "cache"))
+    path = write(tmp_path, "state_dir: /one\n")
+    config_mod.load(path)
+    compiled = Path(config_mod.cache_dir_for(path)) / "compiled.json"
+    body = json.loads(compiled.read_text())
+    del body["config"]["runtime"]["service"]  # as a build that did not know the key wrote it
+    body["identity"][-1] = body["identity"][-1].replace(" runtime.service", "")
+    compiled.write_text(json.dumps(body))
+    assert config_mod.load(path).service_socket == "/run/gpuhook/runtime.sock"
+    assert json.loads(compiled.read_text())["config"]["runtime"]["service"]
 
 
 def test_cli_config_validate_exit_codes(tmp_path: Path) -> None:

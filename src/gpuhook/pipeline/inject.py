@@ -154,8 +154,9 @@ def file_mounts(inventory: Inventory, config: Config, caps: frozenset[str]) -> l
 
 def ldcache_hook(config: Config, folders: list[str], rootfs: str = "") -> Hook:
     """gpuhook's createContainer hook that refreshes the container's ld.so.cache."""
+    path = config.hook_path
     args = [
-        config.hook_path.rsplit("/", 1)[-1],
+        path.rsplit("/", 1)[-1],
         "hook",
         LDCACHE_VERB,
         "--ldconfig",
@@ -168,7 +169,7 @@ def ldcache_hook(config: Config, folders: list[str], rootfs: str = "") -> Hook:
     for folder in folders:
         args += ["--folder", folder]
     env = HOOK_ENV + config.propagated_env
-    return Hook("createContainer", config.hook_path, tuple(args), env, HOOK_TIMEOUT_S)
+    return Hook("createContainer", path, tuple(args), env, HOOK_TIMEOUT_S)
 
 
 def without_present(
