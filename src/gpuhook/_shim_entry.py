@@ -2,8 +2,9 @@
 
 ``-I`` ignores the environment (PYTHONPATH, PYTHONHOME, user site) and ``-S`` skips the
 site-packages scan, so a container start pays only for the interpreter. The folder that holds the
-gpuhook package is derived from this file's own path. The dispatcher itself (sh) passes creates
-without any GPU marker to the runtime; what reaches Python, :mod:`gpuhook.runtime.shim` decides.
+gpuhook package is derived from this file's own path. The dispatcher itself (compiled C) passes
+creates without any GPU marker to the runtime; what reaches Python, :mod:`gpuhook.runtime.shim`
+decides.
 """
 
 import sys

@@ -343,14 +343,16 @@ def cache_dir_for(path: str) -> str:
 # --- hook.path unset: the gpuhook beside the running program ----------------------------------
 
 ENV_SELF = "GPUHOOK_SELF"  # the dispatchers' own path, set for the Python they exec
-ENTRY_SCRIPTS = ("_shim_entry.py", "_cli_entry.py")
+SHIM_ENTRY = "_shim_entry.py"  # the scripts the dispatchers run, in the gpuhook package folder
+CLI_ENTRY = "_cli_entry.py"
+ENTRY_SCRIPTS = (SHIM_ENTRY, CLI_ENTRY)
 PROGRAMS = ("gpuhook-runtime", "gpuhook")
 FALLBACK_HOOK_PATH = "/usr/bin/gpuhook"
 
 
 def running_program(argv0: str | None = None, environ: Mapping[str, str] | None = None) -> str:
     """The gpuhook-runtime or gpuhook executable this process runs as, its links resolved; ""
-    when it runs as neither (``python -m gpuhook``, a test). The .deb's and ``make build``'s sh
+    when it runs as neither (``python -m gpuhook``, a test). The .deb's and ``make build``'s
     dispatchers name themselves in ``GPUHOOK_SELF`` and run an entry script; a pip install's
     console script is ``argv[0]`` itself. Host paths only: the engine's argv and env."""
     argv0 = sys.argv[0] if argv0 is None else argv0

@@ -23,11 +23,6 @@ def temp_base(name: str) -> str:
     return base if name.startswith(".") and mark else ""
 
 
-def is_temp_of(name: str, base: str) -> bool:
-    """True when ``name`` (a file name) is a temp file left by :func:`atomic_write` of ``base``."""
-    return name.startswith(f".{base}{TMP_MARK}")
-
-
 def atomic_write(
     path: str,
     data: bytes,

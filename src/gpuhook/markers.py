@@ -6,8 +6,6 @@ the channels). JSON may escape ``/`` as ``\\/`` and any character as ``\\uXXXX``
 contains ``\\u`` always gets the full parse, and no marker contains ``/``. The shim and the
 installed dispatcher's build step (:mod:`gpuhook.runtime.dispatch`: one ``memmem`` per
 marker and ``\\u``) read this table; nothing keeps a copy.
-
-No ``from __future__`` import: the create path imports this module and pays for every import.
 """
 
 PRECHECK_MARKERS = (

@@ -1,9 +1,6 @@
 """The frozen base of gpuhook's value objects, on its own so that the runtime shim's argv parser
 (:mod:`gpuhook.runtime.runc_argv`) can use it without importing :mod:`gpuhook.model`. Import it
 from :mod:`gpuhook.model` elsewhere.
-
-No ``from __future__ import annotations`` here (importing ``__future__`` costs as much as this
-module): the annotations that name type-only imports are strings.
 """
 
 TYPE_CHECKING = False

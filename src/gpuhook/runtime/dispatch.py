@@ -24,13 +24,13 @@ from __future__ import annotations
 import sys
 
 from gpuhook import config, errors, markers
-from gpuhook.records import execenv
-from gpuhook.runtime import hooks, runc_argv, service
+from gpuhook.fsutil import atomic_write
+from gpuhook.records import execenv, ids
+from gpuhook.runtime import hooks, ocispec, runc_argv, service
 
-# The region of the compiled dispatcher that holds the interpreter command (see relocate).
-RELOCATION_MARK = config.DISPATCHER_MARK
+# The size of the compiled dispatcher's region that holds the interpreter command after
+# config.DISPATCHER_MARK (see relocate).
 RELOCATION_SIZE = 4096
-SHIM_ENTRY = "gpuhook/_shim_entry.py"
 
 
 def _names(pairs: list[str]) -> list[str]:
@@ -71,6 +71,7 @@ def substitutions(python: str, pkgdir: str) -> dict[str, str]:
     return {
         "PYTHON": python,
         "PKGDIR": pkgdir,
+        "CLI_ENTRY": config.CLI_ENTRY,
         "LDCACHE_FLAGS": "|".join(_names(list(hooks.UPDATE_LDCACHE_FLAGS))),
         "LDCONFIG_ENV": " ".join(f"{k}={v}" for k, v in hooks.SAFE_ENV.items()),
         "LDCONFIG_TIMEOUT": str(int(hooks.LDCONFIG_TIMEOUT_S)),
@@ -112,6 +113,15 @@ def c_substitutions() -> dict[str, str]:
         "LOG_FLAG": _c_string(f"g:{runc_argv.LOG_FLAG}"),
         "LOG_FORMAT_FLAG": _c_string(f"g:{runc_argv.LOG_FORMAT_FLAG}"),
         "PROTOCOL": _c_string(service.PROTOCOL),
+        "ENV_CONFIG": _c_string(config.ENV_CONFIG),
+        "ENV_DEBUG": _c_string(config.ENV_DEBUG),
+        "ENV_SELF": _c_string(config.ENV_SELF),
+        "SPEC_NAME": _c_string(ocispec.CONFIG_NAME),
+        "CMD_EXEC": _c_string(runc_argv.EXEC),
+        "CMD_DELETE": _c_string(runc_argv.DELETE),
+        "LOG_FORMAT_JSON": _c_string(runc_argv.LOG_FORMAT_JSON),
+        "ID_CHARS": _c_string("".join(sorted(ids.ID_CHARS))),
+        "MAX_ID": str(ids.MAX_LEN),
         "REPLY_EXEC": _c_char(service.EXEC),
         "REPLY_EXIT": _c_char(service.EXIT),
         "REPLY_DECLINE": _c_char(service.DECLINE),
@@ -119,7 +129,7 @@ def c_substitutions() -> dict[str, str]:
         "EXIT_FAILURE": str(errors.GpuhookError.exit_code),
         "EXIT_NO_RUNTIME": str(errors.RuntimeNotFoundError.exit_code),
         "RELOCATION_SIZE": str(RELOCATION_SIZE),
-        "RELOCATION_MARK": _c_string(RELOCATION_MARK),
+        "RELOCATION_MARK": _c_string(config.DISPATCHER_MARK),
     }
 
 
@@ -145,13 +155,13 @@ def render_c(template: str) -> str:
 
 def python_command(python: str, pkgdir: str) -> list[str]:
     """The command the dispatcher starts the shim with (argv[1:] follow)."""
-    return [*python.split(" "), "-I", "-S", f"{pkgdir}/{SHIM_ENTRY}"]
+    return [*python.split(" "), "-I", "-S", f"{pkgdir}/gpuhook/{config.SHIM_ENTRY}"]
 
 
 def relocate(binary: bytes, command: list[str]) -> bytes:
     """The compiled dispatcher with ``command`` as its interpreter command (NUL-terminated words
     and an empty word after the mark, the rest of the region zero)."""
-    head = RELOCATION_MARK + b"\0"
+    head = config.DISPATCHER_MARK + b"\0"
     at = binary.find(head)
     if at < 0 or binary.find(head, at + 1) >= 0:
         raise ValueError("not a gpuhook-runtime dispatcher (its interpreter region is not there)")
@@ -167,7 +177,7 @@ def relocate(binary: bytes, command: list[str]) -> bytes:
 
 def command_of(binary: bytes) -> list[str]:
     """The interpreter command written into a compiled dispatcher ([] when none)."""
-    head = RELOCATION_MARK + b"\0"
+    head = config.DISPATCHER_MARK + b"\0"
     at = binary.find(head)
     if at < 0:
         raise ValueError("not a gpuhook-runtime dispatcher (its interpreter region is not there)")
@@ -192,16 +202,7 @@ def compile_c(source: str, output: str, command: list[str]) -> None:
             raise RuntimeError(f"{cc} failed:\n{done.stderr}")
         with open(binary, "rb") as fh:
             data = relocate(fh.read(), command)
-    _write_executable(output, data)
-
-
-def _write_executable(output: str, data: bytes) -> None:
-    import os
-
-    with open(output + ".tmp", "wb") as fh:
-        fh.write(data)
-    os.chmod(output + ".tmp", 0o755)  # noqa: S103 - an executable for everyone
-    os.replace(output + ".tmp", output)
+    atomic_write(output, data, 0o755, fsync=False)
 
 
 def main(argv: list[str]) -> int:
@@ -216,7 +217,7 @@ def main(argv: list[str]) -> int:
     if template.endswith(".c.in"):
         compile_c(render_c(text), output, python_command(python, pkgdir))
     else:
-        _write_executable(output, render(text, python, pkgdir).encode())
+        atomic_write(output, render(text, python, pkgdir).encode(), 0o755, fsync=False)
     return 0
 
 

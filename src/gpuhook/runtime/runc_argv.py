@@ -16,8 +16,6 @@ real runtime with it unchanged.
 
 from gpuhook.model.frozen import Frozen, _init
 
-# No ``from __future__ import annotations``: every annotation here is evaluable at runtime.
-
 # flag name (without dashes) -> whether it takes a value. runc 1.1/1.2 and crun 1.x.
 GLOBAL_FLAGS = {
     "root": True,
@@ -80,6 +78,7 @@ BUNDLE_FLAGS = frozenset({"bundle", "b"})
 # The global flags naming runc's log file and its format, where the shim's one-line error goes.
 LOG_FLAG = "log"
 LOG_FORMAT_FLAG = "log-format"
+LOG_FORMAT_JSON = "json"  # --log-format json: logrus JSON lines (else text)
 PROCESS_FLAGS = frozenset({"process", "p"})
 
 # What the shim does with a call (:func:`route`).
