@@ -197,6 +197,36 @@ def test_unusual_cases_go_to_python(node: Node) -> None:
     assert not marker.exists()  # the delete succeeded
 
 
+def test_a_marked_delete_killed_by_a_signal_exits_128_plus_the_signal_on_both_paths(
+    tmp_path: Path,
+) -> None:
+    """The dispatcher and the Python shim both run the runtime's delete of a container with an
+    exec-env marker and wait for it: a runtime killed by SIGKILL is exit code 137 from either
+    (as a shell reports it), and the marker stays for the retry."""
+    runtime = tmp_path / "runtime"
+    runtime.write_text("#!/bin/sh\nkill -9 $$\n")
+    runtime.chmod(0o755)
+    state = tmp_path / "state"
+    marker = state / execenv.DIR / "c1"
+    marker.parent.mkdir(parents=True)
+    marker.write_text('{"root": "", "set": [], "unset": []}')
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"state_dir: {state}\nruntime:\n  path: {runtime}\n  service: ''\n")
+    entry = REPO / "src" / "gpuhook" / config_mod.SHIM_ENTRY
+    dispatcher = tmp_path / "gpuhook-runtime"
+    template = (REPO / "packaging" / "gpuhook-runtime.c.in").read_text()
+    dispatch.compile_c(
+        dispatch.render_c(template), str(dispatcher), [sys.executable, "-I", "-S", str(entry)]
+    )
+    env = {"PATH": os.environ["PATH"], "GPUHOOK_CONFIG": str(cfg)}
+    for argv in ([sys.executable, "-I", "-S", str(entry)], [str(dispatcher)]):
+        out = subprocess.run(
+            [*argv, "delete", "c1"], env=env, capture_output=True, text=True, check=False
+        )
+        assert out.returncode == 137, (argv, out.stderr)
+        assert marker.exists()
+
+
 HOWS = ["control", "root-0600", "symlink", "owner", "chmod-664", "chmod-646", "folder"]
 
 

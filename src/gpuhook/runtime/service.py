@@ -41,11 +41,13 @@ from __future__ import annotations
 import os
 import sys
 
+from gpuhook import config
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
     from collections.abc import Callable, Sequence
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
     from gpuhook.runtime.shim import Execute
 
@@ -72,11 +74,12 @@ PRELOAD_PACKAGES = (
     "gpuhook.inventory",
     "gpuhook.model",
 )
-ENTRY_SCRIPTS = frozenset({"__main__", "_cli_entry", "_shim_entry"})
+# Top-level modules that run as scripts (never imported ahead of time).
+ENTRY_SCRIPTS = frozenset({"__main__", *(n.removesuffix(".py") for n in config.ENTRY_SCRIPTS)})
 PRELOAD_STDLIB = ("subprocess",)
 # sys.argv[0] of the shim as the dispatcher starts it (config.running_program reads it)
 SHIM_ENTRY = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_shim_entry.py"
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), config.SHIM_ENTRY
 )
 
 
@@ -244,6 +247,7 @@ def serve(socket_path: str, announce: Callable[[str], None]) -> int:
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
         preload()
+        _own()
         gc.collect()
         gc.freeze()  # the children share these pages instead of copying them on collection
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
@@ -500,15 +504,29 @@ def _peer(conn: socket.socket, accepted: float) -> int:
     started = _start_time(pid)
     if started > accepted:
         raise Declined(f"process {pid} started after it connected (not the caller)")
-    for ns in ("mnt", "pid", "user"):
-        if _identity(f"/proc/{pid}/ns/{ns}") != _identity(f"/proc/self/ns/{ns}"):
+    own = _own()
+    for ns in _NAMESPACES:
+        if _identity(f"/proc/{pid}/ns/{ns}") != own[ns]:
             raise Declined(f"the caller (pid {pid}) is in another {ns} namespace")
-    if _identity(f"/proc/{pid}/root") != _identity("/"):
+    if _identity(f"/proc/{pid}/root") != own["root"]:
         raise Declined(f"the caller (pid {pid}) has another root folder")
     umask = _confinement(pid)
     if _start_time(pid) != started:
         raise Declined(f"the caller (pid {pid}) exited during the checks")
     return umask
+
+
+_NAMESPACES = ("mnt", "pid", "user")
+_OWN: dict[str, Any] = {}
+
+
+def _own() -> dict[str, Any]:
+    """The service's own namespaces, root folder and /proc status, fixed for its life: read once
+    (by :func:`serve` before it forks workers, so no call pays for them)."""
+    if not _OWN:
+        _OWN.update({ns: _identity(f"/proc/self/ns/{ns}") for ns in _NAMESPACES})
+        _OWN.update(root=_identity("/"), status=_status("self"))
+    return _OWN
 
 
 def _identity(path: str) -> tuple[int, int]:
@@ -542,7 +560,7 @@ def _status(pid: int | str) -> dict[str, str]:
 def _confinement(pid: int) -> int:
     """The caller has every capability of the service and no confinement the service lacks
     (the service must not do for it what it could not do itself); return its umask."""
-    theirs, ours = _status(pid), _status("self")
+    theirs, ours = _status(pid), _own()["status"]
     try:
         missing = int(ours["CapEff"], 16) & ~int(theirs["CapEff"], 16)
         umask = int(theirs["Umask"], 8)

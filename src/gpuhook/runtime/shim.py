@@ -54,12 +54,12 @@ def main(argv: list[str], execute: Execute | None = None) -> int:
     if how == runc_argv.REFUSE:
         return _fail(args, UsageError(_unplaced(args)))
     config = _config_or_none()
-    runtime = _runtime(config)
+    runtime, missing = _runtime(config)
     if args.version:
         sys.stdout.write(f"{PROG} {__version__} (gpuhook), wrapping {runtime or 'no runtime'}\n")
         sys.stdout.flush()
-    if not runtime:
-        return _fail(args, RuntimeNotFoundError("no low-level OCI runtime (runc or crun) found"))
+    if missing is not None:
+        return _fail(args, missing)
     if config is not None and how == runc_argv.EXEC:
         failure = _exec_env(config, args, argv[1:])
         if failure is not None:
@@ -82,11 +82,10 @@ def _exec_env(config: Config, args: RuntimeArgs, argv: list[str]) -> GpuhookErro
     """Add the container's granted environment to an exec's process file (see
     :mod:`gpuhook.records.execenv`); an error when an exec of a marked container cannot get it."""
     from gpuhook.records import execenv
-    from gpuhook.records.ids import valid_id
 
     try:
         if args.unknown:  # the id cannot be placed: refuse when a marked container may be meant
-            marked = [a for a in argv if valid_id(a) and execenv.load(config.state_dir, a)]
+            marked = [a for a in argv if execenv.load(config.state_dir, a)]
             return UsageError(_unplaced(args)) if marked else None
         marker = execenv.load(config.state_dir, args.container_id)
         if marker is not None and args.process and marker.get("root", "") == args.root:
@@ -106,12 +105,13 @@ def _delete(
     marker = execenv.marker_path(config.state_dir, args.container_id)
     if not marker or not os.path.lexists(marker):
         return _exec(runtime, argv, args, execute)
-    import subprocess
-
     try:
-        code = subprocess.run([runtime, *argv[1:]], check=False).returncode
+        pid = os.posix_spawn(runtime, [runtime, *argv[1:]], os.environ)
     except OSError as exc:
         return _fail(args, RuntimeNotFoundError(f"cannot execute {runtime}: {exc.strerror}"))
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code < 0:
+        return 128 - code  # killed by a signal: the shell's code, as the dispatcher reports it
     if code == 0:
         execenv.forget(config.state_dir, args.container_id)
     return code
@@ -127,12 +127,19 @@ def _config_or_none() -> Config | None:
         return None
 
 
-def _runtime(config: Config | None) -> str:
+def _runtime(config: Config | None) -> tuple[str, GpuhookError | None]:
+    """The low-level runtime to exec, or why there is none."""
     if config is not None:
-        return config.runtime
+        try:
+            return config.require_runtime(), None
+        except GpuhookError as exc:
+            return "", exc
     from gpuhook.config import resolve_runtime
 
-    return resolve_runtime("")
+    runtime = resolve_runtime("")
+    if not runtime:
+        return "", RuntimeNotFoundError("no low-level OCI runtime (runc or crun) found")
+    return runtime, None
 
 
 def _exec(runtime: str, argv: list[str], args: RuntimeArgs, execute: Execute | None) -> int:
@@ -148,9 +155,9 @@ def _exec(runtime: str, argv: list[str], args: RuntimeArgs, execute: Execute | N
 def _exec_configured(
     config: Config | None, argv: list[str], args: RuntimeArgs, execute: Execute | None
 ) -> int:
-    runtime = _runtime(config)
-    if not runtime:
-        return _fail(args, RuntimeNotFoundError("no low-level OCI runtime found"))
+    runtime, missing = _runtime(config)
+    if missing is not None:
+        return _fail(args, missing)
     return _exec(runtime, argv, args, execute)
 
 
@@ -189,29 +196,29 @@ def _create_full(
     from gpuhook.pipeline import request
     from gpuhook.runtime import ocispec
 
-    try:
-        spec = ocispec.parse(raw, bundle)
-        req = request.parse(spec)
-    except SpecError as exc:
-        return _fail(args, exc)
-    config: Config | None
+    config: Config | None = None
+    failure: GpuhookError | None = None  # gpuhook's own fault: fatal for a GPU request only
     try:
         config = config_mod.load()
     except GpuhookError as exc:
-        if req.channels:
-            return _fail(args, exc)
-        config = None  # not a GPU container: never blocked by gpuhook's own faults
+        failure = exc
+    kubelet_dir = config.policy.kubelet_dir if config else config_mod.KUBELET_DIR_DEFAULT
+    try:
+        spec = ocispec.parse(raw, bundle)
+        req = request.parse(spec, kubelet_dir)
+    except SpecError as exc:
+        return _fail(args, exc)
+    if failure is not None and req.channels:
+        return _fail(args, failure)
     if config is not None:
         _forget_exec_env(config, args)
         _configure_log(config)
-        if config.policy.kubelet_dir != config_mod.KUBELET_DIR_DEFAULT:
-            req = request.parse(spec, config.policy.kubelet_dir)  # who it is, for the record
     if config is None or not req.channels:
         if config is not None:
             _log_no_request(args, bundle, req, "")
-            failure = _record(config, args, bundle, None, request=req)
-            if failure:
-                _logger(args, bundle).warning("record not written", error=failure)
+            unwritten = _record(config, args, bundle, None, request=req)
+            if unwritten:
+                _logger(args, bundle).warning("record not written", error=unwritten)
         return _exec_configured(config, argv, args, execute)
     return _decide(argv, args, bundle, spec, config, req, execute)
 
@@ -261,10 +268,9 @@ def _decide(
         logger.warning("record not written", error=failure)
     if marker_failure:
         logger.warning("exec-env marker not written", error=marker_failure)
-    try:
-        runtime = config.require_runtime()
-    except GpuhookError as exc:
-        return _fail(args, exc)
+    runtime, missing = _runtime(config)
+    if missing is not None:
+        return _fail(args, missing)
     return _exec(runtime, argv, args, execute)
 
 
@@ -389,7 +395,7 @@ def _runtime_log(path: str, log_format: str, message: str) -> None:
     from gpuhook.log import timestamp
 
     ts = timestamp()
-    if log_format == "json":
+    if log_format == runc_argv.LOG_FORMAT_JSON:
         line = _fastjson.dumps({"level": "error", "msg": message, "time": ts})
     else:
         line = f"time={_fastjson.dumps(ts)} level=error msg={_fastjson.dumps(message)}"
