@@ -264,6 +264,7 @@ def test_an_exec_through_the_service_gets_the_granted_environment(
             }
         )
     )
+    reply_file.unlink()  # the run's reply: what follows is the exec's
     try:
         out = call("exec", "--process", str(process), cid, capture_output=True)
         assert (out.returncode, out.stdout) == (0, f"NVIDIA_VISIBLE_DEVICES={uuid(node, 2)}\n")
@@ -516,29 +517,17 @@ def test_a_malformed_message_is_declined_with_its_reason(
     assert service.probe(str(svc.socket)) == ""  # still serving
 
 
-def children_of(pid: int) -> list[str]:
-    """The states of ``pid``'s child processes (Z: a zombie nobody reaped)."""
-    states = []
-    for entry in os.listdir("/proc"):
+def children_of(pid: int) -> dict[int, str]:
+    """``pid``'s child processes: each one's pid and state (Z: a zombie nobody reaped)."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
         except (OSError, ValueError):
             continue
-        if entry.isdigit() and int(fields[1]) == pid:
-            states.append(fields[0])
-    return states
-
-
-def children_pids(pid: int) -> list[int]:
-    out = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
         if int(fields[1]) == pid:
-            out.append(int(entry))
-    return out
+            children[int(entry)] = fields[0]
+    return children
 
 
 def test_many_creates_at_once_are_all_answered(
@@ -569,12 +558,13 @@ def test_many_creates_at_once_are_all_answered(
             and len(paths & {f"/dev/nvidia{g}" for g in range(8)}) == 1
         )
         assert json.loads((bundle / writer.RECORD_NAME).read_text())["container_id"] == f"many-{i}"
+    idle = ["S"] * service.POOL
     for _ in range(100):  # the workers exit once they replied (none is left a zombie); the
-        if children_of(svc.process.pid) == ["S"] * service.POOL:  # idle pool waits for more
+        if list(children_of(svc.process.pid).values()) == idle:  # idle pool waits for more
             break
         time.sleep(0.05)
-    assert children_of(svc.process.pid) == ["S"] * service.POOL
-    pool = children_pids(svc.process.pid)
+    assert list(children_of(svc.process.pid).values()) == idle
+    pool = list(children_of(svc.process.pid))
     svc.stop()
     for _ in range(100):  # stopping the service ends its idle workers
         if not any(os.path.exists(f"/proc/{pid}") for pid in pool):
@@ -604,10 +594,13 @@ def test_sigterm_removes_the_socket_and_start_stop_are_logged(
     assert doctor_line(node, env) == {"status": "pass", "message": f"listening at {path}"}
     taken = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     taken.connect(str(path))
-    for _ in range(200):  # the service accepted it: its child waits for the request
-        if children_of(svc.process.pid):
+    # a worker took it and waits for the request; the service forked another in its place
+    took = service.POOL + 1
+    for _ in range(200):
+        if len(children_of(svc.process.pid)) == took:
             break
         time.sleep(0.05)
+    assert len(children_of(svc.process.pid)) == took
     assert svc.stop() == 0
     assert not path.exists()
     bundle = containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=3"])
