@@ -97,6 +97,30 @@ class FakeNode:
         self.config.write_text(yaml.safe_dump(data))
 
 
+# a stand-in for runc: records its argv, one argument a line, and exits 42
+RECORDER = """#!/bin/sh
+printf '%s\\n' "$@" > "{out}"
+exit 42
+"""
+
+
+def recorder(folder: Path) -> tuple[Path, Path]:
+    """:data:`RECORDER` as ``folder``/fake-runc; (its path, the file it writes its argv to)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "argv.txt"
+    fake = folder / "fake-runc"
+    fake.write_text(RECORDER.format(out=out))
+    fake.chmod(0o755)
+    return fake, out
+
+
+def recorder_env(node: FakeNode, folder: Path, **sections: Any) -> tuple[dict[str, str], Path]:
+    """The env of a config of ``node`` (in ``folder``, with ``sections``) whose runtime is a
+    :func:`recorder`; (that env, the file the recorder writes its argv to)."""
+    fake, out = recorder(folder)
+    return node.variant(folder, runtime={"path": str(fake)}, **sections), out
+
+
 def _deep_update(into: dict[str, Any], new: Mapping[str, Any]) -> None:
     for key, value in new.items():
         if isinstance(value, Mapping) and isinstance(into.get(key), dict):

@@ -28,11 +28,10 @@ from gpuhook import config as config_mod
 from gpuhook.records import execenv, writer
 from gpuhook.runtime import dispatch, service
 from tests import factories as f
-from tests.conftest import Containers, FakeNode
+from tests.conftest import Containers, FakeNode, recorder, recorder_env
+from tests.integration.test_hot_path_imports import OPERATOR_LOG
 from tests.integration.test_hot_path_imports import create as create_with_importtime
-from tests.integration.test_hot_path_imports import recorder_env
 from tests.integration.test_leak_matrix import gpus, uuid, write_checkpoint
-from tests.integration.test_shim import RECORDER
 from tests.runtime_service import (
     DECLINED_EXIT,
     RuntimeService,
@@ -70,16 +69,6 @@ def case_env(node: FakeNode, folder: Path, case: str, **sections: Any) -> dict[s
     if case == "leak":
         sections["policy"] = leak_policy(node, folder)
     return node.variant(folder, **sections)
-
-
-def recorder(folder: Path) -> tuple[Path, Path]:
-    """A stand-in for runc that records its argv and exits 42; (its path, the argv file)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / "argv.txt"
-    fake = folder / "fake-runc"
-    fake.write_text(RECORDER.format(out=out))
-    fake.chmod(0o755)
-    return fake, out
 
 
 @pytest.fixture
@@ -373,8 +362,7 @@ def test_a_caller_in_another_context_is_declined(
 ) -> None:
     """The dispatcher then runs Python in its own context; the service touched nothing (the
     runtime is a recorder: a service that took the create would have the caller exec it)."""
-    fake, _ = recorder(tmp_path / "cfg")
-    env = node.variant(tmp_path / "cfg", runtime={"path": str(fake)})
+    env, _ = recorder_env(node, tmp_path / "cfg")
     svc = runtime_service(env)
     bundle = containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"])
     before = (bundle / "config.json").read_text()
@@ -409,8 +397,7 @@ def test_a_caller_with_another_root_is_declined(
     """A caller chrooted into a folder that shows the same /usr, /tmp and the checkout's top
     folder (so it can run the client and name the same bundle) is still declined: its root is
     not the service's."""
-    fake, _ = recorder(tmp_path / "cfg")
-    env = node.variant(tmp_path / "cfg", runtime={"path": str(fake)})
+    env, _ = recorder_env(node, tmp_path / "cfg")
     svc = runtime_service(env)
     bundle = containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"])
     root = tmp_path / "root"
@@ -445,8 +432,7 @@ def test_a_caller_of_another_user_is_declined(
     node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start
 ) -> None:
     """Even where the socket lets it connect (mode 0666 here, 0600 as the service makes it)."""
-    fake, _ = recorder(tmp_path / "cfg")
-    env = node.variant(tmp_path / "cfg", runtime={"path": str(fake)})
+    env, _ = recorder_env(node, tmp_path / "cfg")
     folder = Path(tempfile.mkdtemp(prefix="gh-svc-"))
     folder.chmod(0o755)
     try:
@@ -670,9 +656,11 @@ def test_the_service_has_imported_what_the_shim_process_imports(
         text=True,
         check=True,
     ).stdout.split()
-    env, _ = recorder_env(node, tmp_path)
+    env, _ = recorder_env(node, tmp_path, log=OPERATOR_LOG)
     create_with_importtime(env, containers.bundle(), "warm")
-    k8s, _ = recorder_env(node, tmp_path / "k8s", policy=leak_policy(node, tmp_path / "cp"))
+    k8s, _ = recorder_env(
+        node, tmp_path / "k8s", log=OPERATOR_LOG, policy=leak_policy(node, tmp_path / "cp")
+    )
     create_with_importtime(k8s, containers.bundle(), "warm-k8s")  # its config compiled once
     cases = {
         "leak": (k8s, CASES["leak"]),
