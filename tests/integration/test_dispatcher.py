@@ -167,6 +167,7 @@ def test_argvs_no_grammar_knows_go_to_python(
     argv = relocate(argv, top)
     cwd = node.root / "cwd"
     took = node.run(argv, cwd)
+    assert took in ("python", "runtime"), argv
     if took == "runtime":  # then Python would have passed the same create through
         assert python_path(argv, cwd) == "runtime", argv
         assert runc_argv.route(runc_argv.parse(argv), argv) != runc_argv.REFUSE
