@@ -240,13 +240,26 @@ def containers(
 
 
 @pytest.fixture
-def runtime_service(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+def socket_folder() -> Iterator[Path]:
+    """A fresh folder with a short path, for unix sockets (at most 107 bytes: tmp_path may be
+    longer), removed at the end of the test."""
+    import shutil
+
+    from tests.integration import engines
+
+    folder = engines.short_dir("gh-sock-")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def runtime_service(tmp_path: Path, socket_folder: Path) -> Iterator[Callable[..., Any]]:
     """Start ``gpuhook runtime serve`` (the executable under test): ``start(env, socket=None)``
     runs it with ``env`` over this process's environment (GPUHOOK_CONFIG: the test's config;
-    ``--socket`` a fresh folder under tmp_path, or ``socket``; ``from_config``: no ``--socket``,
-    runtime.service is ``socket``), waits until it listens and returns a
-    :class:`tests.runtime_service.RuntimeService`. Every one started is stopped with SIGTERM at
-    the end of the test."""
+    ``--socket`` a fresh folder under ``socket_folder``, or ``socket``; ``from_config``: no
+    ``--socket``, runtime.service is ``socket``), waits until it listens and returns a
+    :class:`tests.runtime_service.RuntimeService` (its output under tmp_path). Every one started
+    is stopped with SIGTERM at the end of the test."""
     from tests.runtime_service import RuntimeService
 
     services: list[RuntimeService] = []
@@ -255,7 +268,7 @@ def runtime_service(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         env: Mapping[str, str], socket: Path | None = None, *, from_config: bool = False
     ) -> RuntimeService:
         n = len(services)
-        path = socket or tmp_path / f"service{n}" / "runtime.sock"
+        path = socket or socket_folder / f"service{n}" / "runtime.sock"
         svc = RuntimeService(path, env, tmp_path / f"service{n}", socket_option=not from_config)
         services.append(svc)
         svc.wait_listening()

@@ -560,14 +560,18 @@ def test_many_creates_at_once_are_all_answered(
 
 
 def test_sigterm_removes_the_socket_and_start_stop_are_logged(
-    node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start
+    node: FakeNode,
+    containers: Containers,
+    tmp_path: Path,
+    socket_folder: Path,
+    runtime_service: Start,
 ) -> None:
     """And a create whose connection the service took before SIGTERM is still answered (its
     child is not the service: systemd's KillMode=process leaves it running)."""
     import socket
 
     log = tmp_path / "service.log"
-    path = tmp_path / "run" / "runtime.sock"
+    path = socket_folder / "run" / "runtime.sock"
     env = node.variant(
         tmp_path / "cfg", runtime={"service": str(path)}, log={"level": "info", "file": str(log)}
     )
@@ -620,11 +624,11 @@ def doctor_line(node: FakeNode, env: dict[str, str]) -> dict[str, str]:
 
 
 def test_start_replaces_a_dead_services_socket_and_refuses_a_live_one(
-    node: FakeNode, tmp_path: Path, runtime_service: Start
+    node: FakeNode, tmp_path: Path, socket_folder: Path, runtime_service: Start
 ) -> None:
     import socket
 
-    path = tmp_path / "run" / "runtime.sock"
+    path = socket_folder / "run" / "runtime.sock"
     path.parent.mkdir()
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as dead:
         dead.bind(str(path))  # bound, never listening: what a killed service leaves
@@ -690,14 +694,19 @@ def relocated_dispatcher(folder: Path, command: list[str]) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["leak", "gpu1"])
 def test_the_dispatcher_hands_gpu_creates_to_the_service_and_starts_no_interpreter(
-    node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start, case: str
+    node: FakeNode,
+    containers: Containers,
+    tmp_path: Path,
+    socket_folder: Path,
+    runtime_service: Start,
+    case: str,
 ) -> None:
     """The real dispatcher, whose interpreter command names a file that does not exist (any
     Python start would fail the create with "cannot execute"), with the service on the config's
     socket: the GPU create is decided by the service and the container sees its grant; a
     container without a marker is passed to runc. With the service stopped, the same create needs
     the interpreter (and fails here); a dispatcher with a real one decides it without a service."""
-    sock = tmp_path / "svc" / "runtime.sock"
+    sock = socket_folder / "svc" / "runtime.sock"
     env = case_env(node, tmp_path / "cfg", case, runtime={"service": str(sock)})
     config_mod.load(env["GPUHOOK_CONFIG"])  # the cache and pointer, as any gpuhook call writes
     svc = runtime_service(env, socket=sock)
