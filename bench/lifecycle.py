@@ -292,21 +292,40 @@ def make_node(
     return truth
 
 
-def start_service(hook: str, socket: str, config: str) -> subprocess.Popen[str]:
-    """``gpuhook runtime serve`` on ``socket``, once it listens."""
-    proc = subprocess.Popen(
-        [hook, "runtime", "serve", "--socket", socket],
-        env={"PATH": BASE_PATH, "GPUHOOK_CONFIG": config},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "listening" not in line:
-        proc.kill()
-        raise BenchError(f"gpuhook runtime serve did not start: {line.strip()}")
-    return proc
+def start_service(
+    hook: str, socket: str, config: str, output: str, timeout_s: float = 60.0
+) -> subprocess.Popen[bytes]:
+    """``gpuhook runtime serve`` on ``socket``, once it listens. Its stdout and stderr go to the
+    file ``output`` (a pipe nobody reads would block it once full)."""
+    with open(output, "wb") as out:
+        proc = subprocess.Popen(
+            [hook, "runtime", "serve", "--socket", socket],
+            env={"PATH": BASE_PATH, "GPUHOOK_CONFIG": config},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with open(output, "rb") as fh:
+            first, newline, _ = fh.read().partition(b"\n")
+        if newline and b"listening" in first:
+            return proc
+        if newline or proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise BenchError(f"gpuhook runtime serve did not start: {tail(output)}")
+        time.sleep(0.02)
+
+
+def tail(path: str, lines: int = 5) -> str:
+    """The last ``lines`` lines of the file ``path``, on one line."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read().decode(errors="replace")
+    except OSError as exc:
+        return f"({path}: {exc.strerror})"
+    return " | ".join(text.strip().splitlines()[-lines:]) or "(no output)"
 
 
 def write_checkpoint(path: str, gpu_uuids: list[str]) -> None:
@@ -361,7 +380,9 @@ class Bench:
         self.ids = 0
         self.runtimes: list[Runtime] = []
         self.states: dict[str, str] = {}
-        self.service: subprocess.Popen[str] | None = None
+        self.service: subprocess.Popen[bytes] | None = None
+        self.socket: str | None = None  # the runtime service's, when one runs
+        self.service_log = os.path.join(self.work, "runtime-service.log")
         self.created: list[tuple[Runtime, str, str]] = []
 
     def log(self, message: str) -> None:
@@ -399,7 +420,9 @@ class Bench:
         self.runtimes = [Runtime("runc", o.runc, dict(base_env))]
         self.runtimes.append(Runtime(GPUHOOK, o.runtime, dict(base_env)))
         if socket:
-            self.service = start_service(o.hook, socket, self.node_a["bench_config"])
+            config = self.node_a["bench_config"]
+            self.service = start_service(o.hook, socket, config, self.service_log)
+            self.socket = socket
             self.log(f"runtime service listening on {socket} (pid {self.service.pid})")
             if o.compare_python:
                 self.runtimes.append(Runtime(GPUHOOK_PYTHON, o.runtime, dict(base_env)))
@@ -441,6 +464,19 @@ class Bench:
                         f"conc{i}-{rt.name}", rt, "a", case_spec_kwargs("gpu1", self.node_b)
                     )
                 )
+
+    def check_service(self) -> None:
+        """The runtime service must still run: without it the dispatcher falls back to Python,
+        still correct, so the gpuhook rows would silently measure that fallback instead."""
+        if self.service is None:
+            return
+        code = self.service.poll()
+        if code is not None:
+            raise BenchError(
+                f"the runtime service (pid {self.service.pid}) exited with {code} during the run; "
+                f"gpuhook's rows would measure the Python fallback. Its output: "
+                f"{tail(self.service_log)}"
+            )
 
     def edited_bundle(self) -> Bundle:
         """A runc bundle whose config.json is what gpuhook-runtime wrote for the 1-GPU case
@@ -525,6 +561,7 @@ class Bench:
                 samples.setdefault(case + ":start", {}).setdefault(rt_name, []).append(start)
                 samples.setdefault(case + ":delete", {}).setdefault(rt_name, []).append(delete)
                 samples.setdefault(case + ":cpu", {}).setdefault(rt_name, []).append(cpu)
+            self.check_service()
             if (it + 1) % max(1, total // 10) == 0:
                 self.log(
                     f"lifecycles: iteration {it + 1}/{total} ({time.monotonic() - started:.0f}s)"
@@ -571,6 +608,7 @@ class Bench:
                     entry["latencies"].extend(lat)
                     entry["failures"] += fails
                     entry["corrupt"] += corrupt
+                self.check_service()
                 self.log(f"concurrent creates: N={width} round {r + 1}/{rounds}")
             results[str(width)] = per
         return results
@@ -656,7 +694,7 @@ class Bench:
         return [t for t, c in zip(times, codes, strict=True) if c == 0], failures, corrupt
 
     def cleanup(self) -> None:
-        if self.service is not None:
+        if self.service is not None and self.service.poll() is None:
             self.service.terminate()
             self.service.wait(timeout=30)
         for rt in self.runtimes:
@@ -1058,6 +1096,7 @@ def main(argv: list[str]) -> int:
         bench.log(f"setup done in {time.monotonic() - t0:.0f}s; {opts.iterations} iterations")
         samples = bench.run_single(opts.iterations, opts.warmup)
         concurrent = bench.run_concurrent(opts.rounds)
+        bench.check_service()  # still there at the end, before cleanup stops it
         report = build_report(bench, samples, concurrent, time.monotonic() - t0)
     except BenchError as exc:
         sys.stderr.write(f"bench: {exc}\n")
