@@ -569,13 +569,22 @@ class Bench:
         return samples
 
     def check_spec(self, case: str, b: Bundle) -> None:
-        """After a create: gpuhook's spec must be whole JSON and carry what the case expects.
-        (The spec is read back after the container was deleted; the bundle stays.)"""
+        """After a create: the spec must be whole JSON; gpuhook's must carry what the case
+        expects, and a peer's GPU cases the GPU's device nodes (a peer that left them out did
+        not do the work its timings are compared with). (The spec is read back after the
+        container was deleted; the bundle stays.)"""
         spec = _read_spec(b)
-        if b.runtime.name not in OURS:
-            return
         env = spec.get("process", {}).get("env", [])
         devices = [d.get("path") for d in spec.get("linux", {}).get("devices", []) or []]
+        if b.runtime.name == "runc":
+            return
+        if b.runtime.name not in OURS:
+            if case in ("gpu1", "gpu8", "mig56") and not _has_gpu_devices(case, devices):
+                raise BenchError(
+                    f"{b.runtime.name}'s spec for case {case} lacks the GPU's device nodes "
+                    f"(has {devices}): {b.config}"
+                )
+            return
         if case in ("nongpu",):
             ok = spec == json.loads(b.original)
         elif case == "leak":
@@ -584,10 +593,8 @@ class Bench:
             )
         elif case == "gpu1":
             ok = f"NVIDIA_VISIBLE_DEVICES={self.node_a['gpus'][0]['uuid']}" in env
-        elif case == "gpu8":
-            ok = all(f"/dev/nvidia{i}" in devices for i in range(8))
         else:
-            ok = "/dev/nvidia7" in devices and any("nvidia-caps" in str(d) for d in devices)
+            ok = _has_gpu_devices(case, devices)
         if not ok:
             raise BenchError(
                 f"gpuhook's spec for case {case} is not what the case expects: {b.config}"
@@ -709,6 +716,18 @@ class Bench:
                 shutil.rmtree(self.disk, ignore_errors=True)
         else:
             self.log(f"kept {self.work} and {self.disk}")
+
+
+def _has_gpu_devices(case: str, devices: list[Any]) -> bool:
+    """Whether a spec's device paths hold the GPU case's nodes: GPU 0 (gpu1), all 8 (gpu8), the
+    last GPU and its MIG caps nodes (mig56)."""
+    if case == "gpu1":
+        return "/dev/nvidia0" in devices
+    if case == "gpu8":
+        return all(f"/dev/nvidia{i}" in devices for i in range(8))
+    if case == "mig56":
+        return "/dev/nvidia7" in devices and any("nvidia-caps" in str(d) for d in devices)
+    raise ValueError(case)
 
 
 def _read_spec(b: Bundle) -> dict[str, Any]:
