@@ -934,7 +934,9 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
     out.write(
         "\nms of wall time per lifecycle (create+start+delete calls; passthrough: one call); "
         "overhead and ratio: median against runc's in the same run; cpu: median CPU ms of the "
-        "lifecycle (calls, container init, hooks), cpu+: over runc's. Concurrent rows: one "
+        "lifecycle (calls, container init, hooks; not the runtime service's workers, where "
+        "gpuhook's GPU creates are decided, nor any daemon a peer uses), cpu+: over runc's. "
+        "Concurrent rows: one "
         "create each; overhead and ratio at p95. Load average at start "
         f"{la['load_avg_at_start'][0]:.2f}, at end {la['load_avg_at_end'][0]:.2f}.\n"
     )
@@ -1027,7 +1029,9 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"Same run: {EDITED[1]} median {edited['median']:.1f} ms (p95 {edited['p95']:.1f}); "
-        f"`{INTERP[1]}` median {interp['median']:.1f} ms (p95 {interp['p95']:.1f}).",
+        f"`{INTERP[1]}` median {interp['median']:.1f} ms (p95 {interp['p95']:.1f}). "
+        "CPU overhead: the lifecycle's calls, container init and hooks over runc's; the runtime "
+        "service's workers (where gpuhook's GPU creates are decided) are not counted.",
     ]
     ratios = peer_ratios(report)
     if ratios:
