@@ -818,12 +818,28 @@ def build_report(
         "warmup": bench.opts.warmup,
         "rounds": bench.opts.rounds,
         "seed": bench.opts.seed,
+        "mode": run_mode(bench),
         "elapsed_s": round(elapsed_s, 1),
         "runtimes": {rt.name: rt.path for rt in bench.runtimes},
         "cases": rows,
         "concurrent": conc_rows,
         "targets": targets,
         "peer_targets": peers,
+    }
+
+
+def run_mode(bench: Bench) -> dict[str, Any]:
+    """How the runtimes ran: whether gpuhook had its runtime service (its socket, or None), the
+    options that add or configure runtimes, and where the fake nodes were built."""
+    o = bench.opts
+    return {
+        "service_socket": bench.socket,
+        "no_service": o.no_service,
+        "compare_python": o.compare_python,
+        "peers": list(o.peer),
+        "peer_env": list(o.peer_env),
+        "peer_cdi_hook": o.peer_cdi_hook,
+        "nodes": o.nodes,
     }
 
 
