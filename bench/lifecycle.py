@@ -292,21 +292,40 @@ def make_node(
     return truth
 
 
-def start_service(hook: str, socket: str, config: str) -> subprocess.Popen[str]:
-    """``gpuhook runtime serve`` on ``socket``, once it listens."""
-    proc = subprocess.Popen(
-        [hook, "runtime", "serve", "--socket", socket],
-        env={"PATH": BASE_PATH, "GPUHOOK_CONFIG": config},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "listening" not in line:
-        proc.kill()
-        raise BenchError(f"gpuhook runtime serve did not start: {line.strip()}")
-    return proc
+def start_service(
+    hook: str, socket: str, config: str, output: str, timeout_s: float = 60.0
+) -> subprocess.Popen[bytes]:
+    """``gpuhook runtime serve`` on ``socket``, once it listens. Its stdout and stderr go to the
+    file ``output`` (a pipe nobody reads would block it once full)."""
+    with open(output, "wb") as out:
+        proc = subprocess.Popen(
+            [hook, "runtime", "serve", "--socket", socket],
+            env={"PATH": BASE_PATH, "GPUHOOK_CONFIG": config},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with open(output, "rb") as fh:
+            first, newline, _ = fh.read().partition(b"\n")
+        if newline and b"listening" in first:
+            return proc
+        if newline or proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise BenchError(f"gpuhook runtime serve did not start: {tail(output)}")
+        time.sleep(0.02)
+
+
+def tail(path: str, lines: int = 5) -> str:
+    """The last ``lines`` lines of the file ``path``, on one line."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read().decode(errors="replace")
+    except OSError as exc:
+        return f"({path}: {exc.strerror})"
+    return " | ".join(text.strip().splitlines()[-lines:]) or "(no output)"
 
 
 def write_checkpoint(path: str, gpu_uuids: list[str]) -> None:
@@ -361,7 +380,9 @@ class Bench:
         self.ids = 0
         self.runtimes: list[Runtime] = []
         self.states: dict[str, str] = {}
-        self.service: subprocess.Popen[str] | None = None
+        self.service: subprocess.Popen[bytes] | None = None
+        self.socket: str | None = None  # the runtime service's, when one runs
+        self.service_log = os.path.join(self.work, "runtime-service.log")
         self.created: list[tuple[Runtime, str, str]] = []
 
     def log(self, message: str) -> None:
@@ -399,7 +420,9 @@ class Bench:
         self.runtimes = [Runtime("runc", o.runc, dict(base_env))]
         self.runtimes.append(Runtime(GPUHOOK, o.runtime, dict(base_env)))
         if socket:
-            self.service = start_service(o.hook, socket, self.node_a["bench_config"])
+            config = self.node_a["bench_config"]
+            self.service = start_service(o.hook, socket, config, self.service_log)
+            self.socket = socket
             self.log(f"runtime service listening on {socket} (pid {self.service.pid})")
             if o.compare_python:
                 self.runtimes.append(Runtime(GPUHOOK_PYTHON, o.runtime, dict(base_env)))
@@ -441,6 +464,19 @@ class Bench:
                         f"conc{i}-{rt.name}", rt, "a", case_spec_kwargs("gpu1", self.node_b)
                     )
                 )
+
+    def check_service(self) -> None:
+        """The runtime service must still run: without it the dispatcher falls back to Python,
+        still correct, so the gpuhook rows would silently measure that fallback instead."""
+        if self.service is None:
+            return
+        code = self.service.poll()
+        if code is not None:
+            raise BenchError(
+                f"the runtime service (pid {self.service.pid}) exited with {code} during the run; "
+                f"gpuhook's rows would measure the Python fallback. Its output: "
+                f"{tail(self.service_log)}"
+            )
 
     def edited_bundle(self) -> Bundle:
         """A runc bundle whose config.json is what gpuhook-runtime wrote for the 1-GPU case
@@ -525,6 +561,7 @@ class Bench:
                 samples.setdefault(case + ":start", {}).setdefault(rt_name, []).append(start)
                 samples.setdefault(case + ":delete", {}).setdefault(rt_name, []).append(delete)
                 samples.setdefault(case + ":cpu", {}).setdefault(rt_name, []).append(cpu)
+            self.check_service()
             if (it + 1) % max(1, total // 10) == 0:
                 self.log(
                     f"lifecycles: iteration {it + 1}/{total} ({time.monotonic() - started:.0f}s)"
@@ -532,13 +569,22 @@ class Bench:
         return samples
 
     def check_spec(self, case: str, b: Bundle) -> None:
-        """After a create: gpuhook's spec must be whole JSON and carry what the case expects.
-        (The spec is read back after the container was deleted; the bundle stays.)"""
+        """After a create: the spec must be whole JSON; gpuhook's must carry what the case
+        expects, and a peer's GPU cases the GPU's device nodes (a peer that left them out did
+        not do the work its timings are compared with). (The spec is read back after the
+        container was deleted; the bundle stays.)"""
         spec = _read_spec(b)
-        if b.runtime.name not in OURS:
-            return
         env = spec.get("process", {}).get("env", [])
         devices = [d.get("path") for d in spec.get("linux", {}).get("devices", []) or []]
+        if b.runtime.name == "runc":
+            return
+        if b.runtime.name not in OURS:
+            if case in ("gpu1", "gpu8", "mig56") and not _has_gpu_devices(case, devices):
+                raise BenchError(
+                    f"{b.runtime.name}'s spec for case {case} lacks the GPU's device nodes "
+                    f"(has {devices}): {b.config}"
+                )
+            return
         if case in ("nongpu",):
             ok = spec == json.loads(b.original)
         elif case == "leak":
@@ -547,10 +593,8 @@ class Bench:
             )
         elif case == "gpu1":
             ok = f"NVIDIA_VISIBLE_DEVICES={self.node_a['gpus'][0]['uuid']}" in env
-        elif case == "gpu8":
-            ok = all(f"/dev/nvidia{i}" in devices for i in range(8))
         else:
-            ok = "/dev/nvidia7" in devices and any("nvidia-caps" in str(d) for d in devices)
+            ok = _has_gpu_devices(case, devices)
         if not ok:
             raise BenchError(
                 f"gpuhook's spec for case {case} is not what the case expects: {b.config}"
@@ -571,6 +615,7 @@ class Bench:
                     entry["latencies"].extend(lat)
                     entry["failures"] += fails
                     entry["corrupt"] += corrupt
+                self.check_service()
                 self.log(f"concurrent creates: N={width} round {r + 1}/{rounds}")
             results[str(width)] = per
         return results
@@ -656,7 +701,7 @@ class Bench:
         return [t for t, c in zip(times, codes, strict=True) if c == 0], failures, corrupt
 
     def cleanup(self) -> None:
-        if self.service is not None:
+        if self.service is not None and self.service.poll() is None:
             self.service.terminate()
             self.service.wait(timeout=30)
         for rt in self.runtimes:
@@ -671,6 +716,18 @@ class Bench:
                 shutil.rmtree(self.disk, ignore_errors=True)
         else:
             self.log(f"kept {self.work} and {self.disk}")
+
+
+def _has_gpu_devices(case: str, devices: list[Any]) -> bool:
+    """Whether a spec's device paths hold the GPU case's nodes: GPU 0 (gpu1), all 8 (gpu8), the
+    last GPU and its MIG caps nodes (mig56)."""
+    if case == "gpu1":
+        return "/dev/nvidia0" in devices
+    if case == "gpu8":
+        return all(f"/dev/nvidia{i}" in devices for i in range(8))
+    if case == "mig56":
+        return "/dev/nvidia7" in devices and any("nvidia-caps" in str(d) for d in devices)
+    raise ValueError(case)
 
 
 def _read_spec(b: Bundle) -> dict[str, Any]:
@@ -761,12 +818,28 @@ def build_report(
         "warmup": bench.opts.warmup,
         "rounds": bench.opts.rounds,
         "seed": bench.opts.seed,
+        "mode": run_mode(bench),
         "elapsed_s": round(elapsed_s, 1),
         "runtimes": {rt.name: rt.path for rt in bench.runtimes},
         "cases": rows,
         "concurrent": conc_rows,
         "targets": targets,
         "peer_targets": peers,
+    }
+
+
+def run_mode(bench: Bench) -> dict[str, Any]:
+    """How the runtimes ran: whether gpuhook had its runtime service (its socket, or None), the
+    options that add or configure runtimes, and where the fake nodes were built."""
+    o = bench.opts
+    return {
+        "service_socket": bench.socket,
+        "no_service": o.no_service,
+        "compare_python": o.compare_python,
+        "peers": list(o.peer),
+        "peer_env": list(o.peer_env),
+        "peer_cdi_hook": o.peer_cdi_hook,
+        "nodes": o.nodes,
     }
 
 
@@ -877,7 +950,9 @@ def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
     out.write(
         "\nms of wall time per lifecycle (create+start+delete calls; passthrough: one call); "
         "overhead and ratio: median against runc's in the same run; cpu: median CPU ms of the "
-        "lifecycle (calls, container init, hooks), cpu+: over runc's. Concurrent rows: one "
+        "lifecycle (calls, container init, hooks; not the runtime service's workers, where "
+        "gpuhook's GPU creates are decided, nor any daemon a peer uses), cpu+: over runc's. "
+        "Concurrent rows: one "
         "create each; overhead and ratio at p95. Load average at start "
         f"{la['load_avg_at_start'][0]:.2f}, at end {la['load_avg_at_end'][0]:.2f}.\n"
     )
@@ -970,7 +1045,9 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"Same run: {EDITED[1]} median {edited['median']:.1f} ms (p95 {edited['p95']:.1f}); "
-        f"`{INTERP[1]}` median {interp['median']:.1f} ms (p95 {interp['p95']:.1f}).",
+        f"`{INTERP[1]}` median {interp['median']:.1f} ms (p95 {interp['p95']:.1f}). "
+        "CPU overhead: the lifecycle's calls, container init and hooks over runc's; the runtime "
+        "service's workers (where gpuhook's GPU creates are decided) are not counted.",
     ]
     ratios = peer_ratios(report)
     if ratios:
@@ -1058,6 +1135,7 @@ def main(argv: list[str]) -> int:
         bench.log(f"setup done in {time.monotonic() - t0:.0f}s; {opts.iterations} iterations")
         samples = bench.run_single(opts.iterations, opts.warmup)
         concurrent = bench.run_concurrent(opts.rounds)
+        bench.check_service()  # still there at the end, before cleanup stops it
         report = build_report(bench, samples, concurrent, time.monotonic() - t0)
     except BenchError as exc:
         sys.stderr.write(f"bench: {exc}\n")

@@ -97,6 +97,30 @@ class FakeNode:
         self.config.write_text(yaml.safe_dump(data))
 
 
+# a stand-in for runc: records its argv, one argument a line, and exits 42
+RECORDER = """#!/bin/sh
+printf '%s\\n' "$@" > "{out}"
+exit 42
+"""
+
+
+def recorder(folder: Path) -> tuple[Path, Path]:
+    """:data:`RECORDER` as ``folder``/fake-runc; (its path, the file it writes its argv to)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "argv.txt"
+    fake = folder / "fake-runc"
+    fake.write_text(RECORDER.format(out=out))
+    fake.chmod(0o755)
+    return fake, out
+
+
+def recorder_env(node: FakeNode, folder: Path, **sections: Any) -> tuple[dict[str, str], Path]:
+    """The env of a config of ``node`` (in ``folder``, with ``sections``) whose runtime is a
+    :func:`recorder`; (that env, the file the recorder writes its argv to)."""
+    fake, out = recorder(folder)
+    return node.variant(folder, runtime={"path": str(fake)}, **sections), out
+
+
 def _deep_update(into: dict[str, Any], new: Mapping[str, Any]) -> None:
     for key, value in new.items():
         if isinstance(value, Mapping) and isinstance(into.get(key), dict):
@@ -216,13 +240,26 @@ def containers(
 
 
 @pytest.fixture
-def runtime_service(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+def socket_folder() -> Iterator[Path]:
+    """A fresh folder with a short path, for unix sockets (at most 107 bytes: tmp_path may be
+    longer), removed at the end of the test."""
+    import shutil
+
+    from tests.integration import engines
+
+    folder = engines.short_dir("gh-sock-")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def runtime_service(tmp_path: Path, socket_folder: Path) -> Iterator[Callable[..., Any]]:
     """Start ``gpuhook runtime serve`` (the executable under test): ``start(env, socket=None)``
     runs it with ``env`` over this process's environment (GPUHOOK_CONFIG: the test's config;
-    ``--socket`` a fresh folder under tmp_path, or ``socket``; ``from_config``: no ``--socket``,
-    runtime.service is ``socket``), waits until it listens and returns a
-    :class:`tests.runtime_service.RuntimeService`. Every one started is stopped with SIGTERM at
-    the end of the test."""
+    ``--socket`` a fresh folder under ``socket_folder``, or ``socket``; ``from_config``: no
+    ``--socket``, runtime.service is ``socket``), waits until it listens and returns a
+    :class:`tests.runtime_service.RuntimeService` (its output under tmp_path). Every one started
+    is stopped with SIGTERM at the end of the test."""
     from tests.runtime_service import RuntimeService
 
     services: list[RuntimeService] = []
@@ -231,7 +268,7 @@ def runtime_service(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         env: Mapping[str, str], socket: Path | None = None, *, from_config: bool = False
     ) -> RuntimeService:
         n = len(services)
-        path = socket or tmp_path / f"service{n}" / "runtime.sock"
+        path = socket or socket_folder / f"service{n}" / "runtime.sock"
         svc = RuntimeService(path, env, tmp_path / f"service{n}", socket_option=not from_config)
         services.append(svc)
         svc.wait_listening()

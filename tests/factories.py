@@ -183,6 +183,11 @@ def crio(
     }
 
 
+# the name of a container's termination-log file in its pod folder, pods/<uid>/containers/<name>/
+# (the kubelet picks 8 random hex digits), bind-mounted at /dev/termination-log
+TERMINATION_LOG_NAME = "5d1c2a9e"
+
+
 def kubelet_mounts(
     uid: str = "pod-uid-1", container: str = "main", kubelet_dir: str = "/var/lib/kubelet"
 ) -> list[dict[str, Any]]:
@@ -198,7 +203,7 @@ def kubelet_mounts(
         {
             "destination": "/dev/termination-log",
             "type": "bind",
-            "source": f"{pod}/containers/{container}/5d1c2a9e",
+            "source": f"{pod}/containers/{container}/{TERMINATION_LOG_NAME}",
             "options": ["rbind", "rw"],
         },
     ]

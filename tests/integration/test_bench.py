@@ -71,3 +71,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert report["runc_on_edited_gpu1"]["n"] == 2
     assert "plain runc on gpuhook's 1-GPU spec: median" in run.stdout
     assert report["machine"]["cpus"] >= 1 and report["machine"]["versions"]["runc"]
+    mode = report["mode"]
+    assert mode["service_socket"].endswith("/runtime.sock") and not mode["no_service"]
+    assert (mode["compare_python"], mode["peers"], mode["nodes"]) == (False, [], None)
+    assert "not the runtime service's workers" in run.stdout

@@ -94,16 +94,25 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Node:
     return Node(tmp_path_factory.mktemp("dispatcher"))
 
 
-def bundles(node: Node, argv: list[str], spec: bytes, cwd_spec: bytes) -> Path:
-    """Every path in the argv becomes a bundle holding ``spec``; the cwd holds ``cwd_spec``, so
-    a dispatcher that reads the wrong one takes the wrong path."""
+def bundles(
+    node: Node,
+    argv: list[str],
+    spec: bytes,
+    cwd_spec: bytes,
+    bundle: str | None = None,
+    other: bytes | None = None,
+) -> Path:
+    """Every path in the argv becomes a folder holding a config.json: ``bundle`` (the path the
+    argv means as its bundle) ``spec``, every other one ``other`` (default ``spec``); the cwd
+    holds ``cwd_spec``. A dispatcher that reads the wrong one takes the wrong path."""
     top = node.root / "b"
     for arg in argv:
         value = arg.partition("=")[2] if arg.startswith("-") else arg
         if value.startswith("/"):
             folder = top / value.lstrip("/")
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / "config.json").write_bytes(spec)
+            mine = spec if other is None or value == bundle else other
+            (folder / "config.json").write_bytes(mine)
     cwd = node.root / "cwd"
     cwd.mkdir(exist_ok=True)
     (cwd / "config.json").write_bytes(cwd_spec)
@@ -140,8 +149,11 @@ def python_path(argv: list[str], cwd: Path) -> str:
 def test_dispatcher_and_python_agree_on_runc_grammar(
     node: Node, case: tuple[list[str], dict[str, str]], marked: bytes | None, cwd_marked: bool
 ) -> None:
-    argv, _ = case
-    top = bundles(node, argv, marked or NO_MARKER, MARKED[0] if cwd_marked else NO_MARKER)
+    argv, want = case
+    spec = marked or NO_MARKER
+    opposite = NO_MARKER if marked else MARKED[0]  # in every path that is not the bundle
+    cwd_spec = MARKED[0] if cwd_marked else NO_MARKER
+    top = bundles(node, argv, spec, cwd_spec, bundle=want.get("bundle"), other=opposite)
     argv = relocate(argv, top)
     cwd = node.root / "cwd"
     took = node.run(argv, cwd)
@@ -167,6 +179,7 @@ def test_argvs_no_grammar_knows_go_to_python(
     argv = relocate(argv, top)
     cwd = node.root / "cwd"
     took = node.run(argv, cwd)
+    assert took in ("python", "runtime"), argv
     if took == "runtime":  # then Python would have passed the same create through
         assert python_path(argv, cwd) == "runtime", argv
         assert runc_argv.route(runc_argv.parse(argv), argv) != runc_argv.REFUSE

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import factories as f
 from tests.integration.test_docker import IMAGE_ALL, Docker, docker, gpus  # noqa: F401
 from tests.integration.test_k8s_trust import kubelet
 from tests.integration.test_leak_matrix import write_checkpoint
@@ -20,7 +21,7 @@ def kubelet_binds(root: Path, uid: str = "pod-uid-1", container: str = "main") -
     pod = root / "pods" / uid
     return [
         "-v", f"{pod / 'etc-hosts'}:/etc/hosts",
-        "-v", f"{pod / 'containers' / container / '5d1c2a9e'}:/dev/termination-log",
+        "-v", f"{pod / 'containers' / container / f.TERMINATION_LOG_NAME}:/dev/termination-log",
     ]  # fmt: skip
 
 

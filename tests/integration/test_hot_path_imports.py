@@ -19,8 +19,7 @@ import pytest
 
 from gpuhook.records import writer
 from tests import factories as f
-from tests.conftest import Containers, FakeNode
-from tests.integration.test_shim import RECORDER
+from tests.conftest import Containers, FakeNode, recorder_env
 
 pytestmark = pytest.mark.root
 
@@ -64,16 +63,8 @@ NO_MARKER_PATH = {
 }
 
 
-def recorder_env(node: FakeNode, tmp_path: Path, **sections: object) -> tuple[dict[str, str], Path]:
-    """A config of ``node`` whose runtime is a recorder (exit 42) and whose log level is an
-    operator's default (the fake node's own config logs at debug level)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    out = tmp_path / "argv.txt"
-    fake = tmp_path / "fake-runc"
-    fake.write_text(RECORDER.format(out=out))
-    fake.chmod(0o755)
-    env = node.variant(tmp_path, runtime={"path": str(fake)}, log={"level": "info"}, **sections)
-    return env, out
+# an operator's default log level (the fake node's own config logs at debug level)
+OPERATOR_LOG = {"level": "info"}
 
 
 def _imported(stderr: str) -> set[str]:
@@ -116,7 +107,7 @@ def create(env: dict[str, str], bundle: Path, cid: str = "c1") -> tuple[set[str]
 def test_non_gpu_create_in_python_is_light_and_writes_no_record(
     node: FakeNode, containers: Containers, tmp_path: Path
 ) -> None:
-    env, argv_out = recorder_env(node, tmp_path)
+    env, argv_out = recorder_env(node, tmp_path, log=OPERATOR_LOG)
     bundle = containers.bundle()
     create(env, bundle, "first")  # compiles the config
     modules, stderr = create(env, bundle, "second")
@@ -147,7 +138,7 @@ def _assert_light(modules: set[str], allow: frozenset[str] = frozenset()) -> Non
 def test_full_paths_import_nothing_heavy(
     node: FakeNode, containers: Containers, tmp_path: Path, fake_node_factory: object
 ) -> None:
-    env, _ = recorder_env(node, tmp_path)
+    env, _ = recorder_env(node, tmp_path, log=OPERATOR_LOG)
     create(env, containers.bundle(), "warm")  # config compiled once (yaml, jsonschema)
     checkpoint = tmp_path / "kubelet_internal_checkpoint"
     checkpoint.write_text(
@@ -168,7 +159,10 @@ def test_full_paths_import_nothing_heavy(
         )
     )
     k8s_env, _ = recorder_env(
-        node, tmp_path / "k8s", policy={"kubernetes": {"checkpoint": str(checkpoint)}}
+        node,
+        tmp_path / "k8s",
+        log=OPERATOR_LOG,
+        policy={"kubernetes": {"checkpoint": str(checkpoint)}},
     )
     create(k8s_env, containers.bundle(), "warm-k8s")
     cases = {
@@ -191,7 +185,7 @@ def test_pynvml_only_on_a_lazy_inventory_refresh(
     fake_node_factory: object, containers: Containers, tmp_path: Path
 ) -> None:
     own: FakeNode = fake_node_factory("--gpus", "2")  # type: ignore[operator]
-    env, _ = recorder_env(own, tmp_path)
+    env, _ = recorder_env(own, tmp_path, log=OPERATOR_LOG)
     create(env, containers.bundle(), "warm")
     modules, _ = create(env, containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"]), "refresh")
     assert "gpuhook.inventory.nvml" in modules  # no inventory yet: refreshed under the lock

@@ -25,7 +25,7 @@ def kubelet(tmp_path: Path, uid: str = "pod-uid-1", container: str = "main") -> 
     pod = root / "pods" / uid
     (pod / "containers" / container).mkdir(parents=True, exist_ok=True)
     (pod / "etc-hosts").write_text("127.0.0.1 localhost\n")
-    (pod / "containers" / container / "5d1c2a9e").write_text("")
+    (pod / "containers" / container / f.TERMINATION_LOG_NAME).write_text("")
     (root / "device-plugins").mkdir(exist_ok=True)
     return root
 

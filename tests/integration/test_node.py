@@ -310,7 +310,9 @@ def test_image_loads_with_the_installer_as_entrypoint(
     assert version.stdout.strip() == f"gpuhook {debian_version()}"
 
 
-def test_a_bad_config_leaves_the_node_untouched(dockerd: engines.Dockerd, host: Host) -> None:
+def test_a_bad_config_leaves_the_node_untouched(
+    dockerd: engines.Dockerd, host: Host, loaded: str
+) -> None:
     bad = host.config_dir / "bad.yaml"
     bad.write_text("driver_root: 5\n")
     try:
@@ -324,13 +326,39 @@ def test_a_bad_config_leaves_the_node_untouched(dockerd: engines.Dockerd, host: 
     assert snapshot(host.root) == host.baseline
 
 
+@pytest.fixture
+def loaded(dockerd: engines.Dockerd, image: Path) -> str:
+    """The image's tag, the image loaded into the private dockerd (unless a test before this
+    one loaded it)."""
+    if dockerd.docker("image", "inspect", tag()).returncode != 0:
+        out = dockerd.docker("load", "-i", str(image))
+        assert out.returncode == 0, out.stderr
+    return tag()
+
+
+@pytest.fixture
+def installer(dockerd: engines.Dockerd, host: Host, loaded: str) -> str:
+    """The DaemonSet's pod (container NAME) running ``node install``, ready: the one an earlier
+    test left running, else one started here (so a test that needs it runs alone, or after one
+    that stopped it). Its name."""
+    running = dockerd.docker("inspect", "-f", "{{.State.Running}}", NAME).stdout.strip()
+    if running != "true":
+        dockerd.docker("rm", "-f", NAME)
+        out = dockerd.docker(*docker_run(dockerd, host, "-d", "--name", NAME, *install_args()))
+        assert out.returncode == 0, out.stderr
+        wait_ready(dockerd)
+    return NAME
+
+
+def ready_runs(dockerd: engines.Dockerd) -> int:
+    """How many times the installer's pod has said it is ready (once each start)."""
+    return dockerd.docker("logs", NAME).stdout.count(f"ready ({READY})")
+
+
 def test_install_then_a_gpu_container_on_the_node_without_python(
-    dockerd: engines.Dockerd, host: Host
+    dockerd: engines.Dockerd, host: Host, installer: str
 ) -> None:
-    out = dockerd.docker(*docker_run(dockerd, host, "-d", "--name", NAME, *install_args()))
-    assert out.returncode == 0, out.stderr
-    wait_ready(dockerd)
-    logs = dockerd.docker("logs", NAME).stdout
+    logs = dockerd.docker("logs", installer).stdout
     assert "/var/lib/gpuhook/inventory.json: 2 GPUs" in logs
     toml = host.containerd_config.read_text()
     assert 'BinaryName = "/opt/gpuhook/bin/gpuhook-runtime"' in toml
@@ -350,27 +378,32 @@ def test_install_then_a_gpu_container_on_the_node_without_python(
     assert seen["smi"][0].startswith("GPU 0: NVIDIA")
 
 
-def test_reinstall_after_the_pod_was_killed(dockerd: engines.Dockerd, host: Host) -> None:
+def test_reinstall_after_the_pod_was_killed(
+    dockerd: engines.Dockerd, host: Host, installer: str
+) -> None:
+    """The restarted pod installs again over what the first left: the same files, modes and
+    contents under /opt/gpuhook, no new backup of the engine's config."""
+    runs = ready_runs(dockerd)
+    backups = host.backups()
     before = snapshot(host.root / "opt/gpuhook")
-    assert dockerd.docker("kill", "-s", "KILL", NAME).returncode == 0
-    assert dockerd.docker("start", NAME).returncode == 0
-    wait_ready(dockerd, starts=2)
-    logs = dockerd.docker("logs", NAME).stdout
+    assert dockerd.docker("kill", "-s", "KILL", installer).returncode == 0
+    assert dockerd.docker("start", installer).returncode == 0
+    wait_ready(dockerd, starts=runs + 1)
+    logs = dockerd.docker("logs", installer).stdout
     assert "/etc/containerd/config.toml: gpuhook is already registered" in logs
-    assert len(host.backups()) == 1
-    after = snapshot(host.root / "opt/gpuhook")
-    assert sorted(after) == sorted(before)
+    assert host.backups() == backups
+    assert snapshot(host.root / "opt/gpuhook") == before
     assert containerd_loads(host.containerd_config) == "ok"
     assert run_gpu_container(host)["returncode"] == 0
 
 
 def test_sigterm_uninstalls_and_leaves_the_node_as_it_was(
-    dockerd: engines.Dockerd, host: Host
+    dockerd: engines.Dockerd, host: Host, installer: str
 ) -> None:
-    out = dockerd.docker("stop", "-t", "120", NAME)
+    out = dockerd.docker("stop", "-t", "120", installer)
     assert out.returncode == 0, out.stderr
-    state = dockerd.docker("inspect", "-f", "{{.State.ExitCode}}", NAME).stdout.strip()
-    logs = dockerd.docker("logs", NAME).stdout
+    state = dockerd.docker("inspect", "-f", "{{.State.ExitCode}}", installer).stdout.strip()
+    logs = dockerd.docker("logs", installer).stdout
     assert state == "0", logs
     assert "SIGTERM: uninstalling" in logs and "removed /opt/gpuhook" in logs
     assert containerd_loads(host.containerd_config) == "ok"
@@ -378,10 +411,12 @@ def test_sigterm_uninstalls_and_leaves_the_node_as_it_was(
     backups = {p for p in after if BACKUP_MARK in p}
     assert len(backups) == 2  # the file before install, and the registered one before uninstall
     assert {k: v for k, v in after.items() if k not in backups} == host.baseline
-    dockerd.docker("rm", "-f", NAME)
+    dockerd.docker("rm", "-f", installer)
 
 
-def test_uninstall_when_nothing_is_installed(dockerd: engines.Dockerd, host: Host) -> None:
+def test_uninstall_when_nothing_is_installed(
+    dockerd: engines.Dockerd, host: Host, loaded: str
+) -> None:
     args = [tag(), "node", "uninstall", "--host-root=/host", "--no-restart"]
     out = dockerd.docker(*docker_run(dockerd, host, "--rm", *args))
     assert out.returncode == 0, out.stderr

@@ -182,4 +182,5 @@ def test_gpuhook_as_podmans_runtime_closes_the_leak_and_honours_cdi(
         out = node.gpuhook(
             "runtime", "unconfigure", "--runtime", "podman", "--config", str(podman.conf)
         )
+        podman.write_conf(node.env["GPUHOOK_CONFIG"])  # the module's conf, as the fixture wrote it
         assert out.returncode == 0, out.stderr

@@ -28,11 +28,10 @@ from gpuhook import config as config_mod
 from gpuhook.records import execenv, writer
 from gpuhook.runtime import dispatch, service
 from tests import factories as f
-from tests.conftest import Containers, FakeNode
+from tests.conftest import Containers, FakeNode, recorder, recorder_env
+from tests.integration.test_hot_path_imports import OPERATOR_LOG
 from tests.integration.test_hot_path_imports import create as create_with_importtime
-from tests.integration.test_hot_path_imports import recorder_env
 from tests.integration.test_leak_matrix import gpus, uuid, write_checkpoint
-from tests.integration.test_shim import RECORDER
 from tests.runtime_service import (
     DECLINED_EXIT,
     RuntimeService,
@@ -70,16 +69,6 @@ def case_env(node: FakeNode, folder: Path, case: str, **sections: Any) -> dict[s
     if case == "leak":
         sections["policy"] = leak_policy(node, folder)
     return node.variant(folder, **sections)
-
-
-def recorder(folder: Path) -> tuple[Path, Path]:
-    """A stand-in for runc that records its argv and exits 42; (its path, the argv file)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / "argv.txt"
-    fake = folder / "fake-runc"
-    fake.write_text(RECORDER.format(out=out))
-    fake.chmod(0o755)
-    return fake, out
 
 
 @pytest.fixture
@@ -264,6 +253,7 @@ def test_an_exec_through_the_service_gets_the_granted_environment(
             }
         )
     )
+    reply_file.unlink()  # the run's reply: what follows is the exec's
     try:
         out = call("exec", "--process", str(process), cid, capture_output=True)
         assert (out.returncode, out.stdout) == (0, f"NVIDIA_VISIBLE_DEVICES={uuid(node, 2)}\n")
@@ -372,8 +362,7 @@ def test_a_caller_in_another_context_is_declined(
 ) -> None:
     """The dispatcher then runs Python in its own context; the service touched nothing (the
     runtime is a recorder: a service that took the create would have the caller exec it)."""
-    fake, _ = recorder(tmp_path / "cfg")
-    env = node.variant(tmp_path / "cfg", runtime={"path": str(fake)})
+    env, _ = recorder_env(node, tmp_path / "cfg")
     svc = runtime_service(env)
     bundle = containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"])
     before = (bundle / "config.json").read_text()
@@ -408,8 +397,7 @@ def test_a_caller_with_another_root_is_declined(
     """A caller chrooted into a folder that shows the same /usr, /tmp and the checkout's top
     folder (so it can run the client and name the same bundle) is still declined: its root is
     not the service's."""
-    fake, _ = recorder(tmp_path / "cfg")
-    env = node.variant(tmp_path / "cfg", runtime={"path": str(fake)})
+    env, _ = recorder_env(node, tmp_path / "cfg")
     svc = runtime_service(env)
     bundle = containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"])
     root = tmp_path / "root"
@@ -444,8 +432,7 @@ def test_a_caller_of_another_user_is_declined(
     node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start
 ) -> None:
     """Even where the socket lets it connect (mode 0666 here, 0600 as the service makes it)."""
-    fake, _ = recorder(tmp_path / "cfg")
-    env = node.variant(tmp_path / "cfg", runtime={"path": str(fake)})
+    env, _ = recorder_env(node, tmp_path / "cfg")
     folder = Path(tempfile.mkdtemp(prefix="gh-svc-"))
     folder.chmod(0o755)
     try:
@@ -516,29 +503,17 @@ def test_a_malformed_message_is_declined_with_its_reason(
     assert service.probe(str(svc.socket)) == ""  # still serving
 
 
-def children_of(pid: int) -> list[str]:
-    """The states of ``pid``'s child processes (Z: a zombie nobody reaped)."""
-    states = []
-    for entry in os.listdir("/proc"):
+def children_of(pid: int) -> dict[int, str]:
+    """``pid``'s child processes: each one's pid and state (Z: a zombie nobody reaped)."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
         except (OSError, ValueError):
             continue
-        if entry.isdigit() and int(fields[1]) == pid:
-            states.append(fields[0])
-    return states
-
-
-def children_pids(pid: int) -> list[int]:
-    out = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
         if int(fields[1]) == pid:
-            out.append(int(entry))
-    return out
+            children[int(entry)] = fields[0]
+    return children
 
 
 def test_many_creates_at_once_are_all_answered(
@@ -569,12 +544,13 @@ def test_many_creates_at_once_are_all_answered(
             and len(paths & {f"/dev/nvidia{g}" for g in range(8)}) == 1
         )
         assert json.loads((bundle / writer.RECORD_NAME).read_text())["container_id"] == f"many-{i}"
+    idle = ["S"] * service.POOL
     for _ in range(100):  # the workers exit once they replied (none is left a zombie); the
-        if children_of(svc.process.pid) == ["S"] * service.POOL:  # idle pool waits for more
+        if list(children_of(svc.process.pid).values()) == idle:  # idle pool waits for more
             break
         time.sleep(0.05)
-    assert children_of(svc.process.pid) == ["S"] * service.POOL
-    pool = children_pids(svc.process.pid)
+    assert list(children_of(svc.process.pid).values()) == idle
+    pool = list(children_of(svc.process.pid))
     svc.stop()
     for _ in range(100):  # stopping the service ends its idle workers
         if not any(os.path.exists(f"/proc/{pid}") for pid in pool):
@@ -584,14 +560,18 @@ def test_many_creates_at_once_are_all_answered(
 
 
 def test_sigterm_removes_the_socket_and_start_stop_are_logged(
-    node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start
+    node: FakeNode,
+    containers: Containers,
+    tmp_path: Path,
+    socket_folder: Path,
+    runtime_service: Start,
 ) -> None:
     """And a create whose connection the service took before SIGTERM is still answered (its
     child is not the service: systemd's KillMode=process leaves it running)."""
     import socket
 
     log = tmp_path / "service.log"
-    path = tmp_path / "run" / "runtime.sock"
+    path = socket_folder / "run" / "runtime.sock"
     env = node.variant(
         tmp_path / "cfg", runtime={"service": str(path)}, log={"level": "info", "file": str(log)}
     )
@@ -604,10 +584,13 @@ def test_sigterm_removes_the_socket_and_start_stop_are_logged(
     assert doctor_line(node, env) == {"status": "pass", "message": f"listening at {path}"}
     taken = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     taken.connect(str(path))
-    for _ in range(200):  # the service accepted it: its child waits for the request
-        if children_of(svc.process.pid):
+    # a worker took it and waits for the request; the service forked another in its place
+    took = service.POOL + 1
+    for _ in range(200):
+        if len(children_of(svc.process.pid)) == took:
             break
         time.sleep(0.05)
+    assert len(children_of(svc.process.pid)) == took
     assert svc.stop() == 0
     assert not path.exists()
     bundle = containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=3"])
@@ -641,11 +624,11 @@ def doctor_line(node: FakeNode, env: dict[str, str]) -> dict[str, str]:
 
 
 def test_start_replaces_a_dead_services_socket_and_refuses_a_live_one(
-    node: FakeNode, tmp_path: Path, runtime_service: Start
+    node: FakeNode, tmp_path: Path, socket_folder: Path, runtime_service: Start
 ) -> None:
     import socket
 
-    path = tmp_path / "run" / "runtime.sock"
+    path = socket_folder / "run" / "runtime.sock"
     path.parent.mkdir()
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as dead:
         dead.bind(str(path))  # bound, never listening: what a killed service leaves
@@ -677,9 +660,11 @@ def test_the_service_has_imported_what_the_shim_process_imports(
         text=True,
         check=True,
     ).stdout.split()
-    env, _ = recorder_env(node, tmp_path)
+    env, _ = recorder_env(node, tmp_path, log=OPERATOR_LOG)
     create_with_importtime(env, containers.bundle(), "warm")
-    k8s, _ = recorder_env(node, tmp_path / "k8s", policy=leak_policy(node, tmp_path / "cp"))
+    k8s, _ = recorder_env(
+        node, tmp_path / "k8s", log=OPERATOR_LOG, policy=leak_policy(node, tmp_path / "cp")
+    )
     create_with_importtime(k8s, containers.bundle(), "warm-k8s")  # its config compiled once
     cases = {
         "leak": (k8s, CASES["leak"]),
@@ -709,14 +694,19 @@ def relocated_dispatcher(folder: Path, command: list[str]) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["leak", "gpu1"])
 def test_the_dispatcher_hands_gpu_creates_to_the_service_and_starts_no_interpreter(
-    node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start, case: str
+    node: FakeNode,
+    containers: Containers,
+    tmp_path: Path,
+    socket_folder: Path,
+    runtime_service: Start,
+    case: str,
 ) -> None:
     """The real dispatcher, whose interpreter command names a file that does not exist (any
     Python start would fail the create with "cannot execute"), with the service on the config's
     socket: the GPU create is decided by the service and the container sees its grant; a
     container without a marker is passed to runc. With the service stopped, the same create needs
     the interpreter (and fails here); a dispatcher with a real one decides it without a service."""
-    sock = tmp_path / "svc" / "runtime.sock"
+    sock = socket_folder / "svc" / "runtime.sock"
     env = case_env(node, tmp_path / "cfg", case, runtime={"service": str(sock)})
     config_mod.load(env["GPUHOOK_CONFIG"])  # the cache and pointer, as any gpuhook call writes
     svc = runtime_service(env, socket=sock)

@@ -14,22 +14,9 @@ import testbed
 
 from gpuhook.runtime import ocispec
 from tests import factories as f
-from tests.conftest import Containers, FakeNode, make_fake_node
+from tests.conftest import Containers, FakeNode, make_fake_node, recorder_env
 
 pytestmark = pytest.mark.root
-
-RECORDER = """#!/bin/sh
-printf '%s\\n' "$@" > "{out}"
-exit 42
-"""
-
-
-def recorder_env(node: FakeNode, tmp_path: Path) -> tuple[dict[str, str], Path]:
-    out = tmp_path / "argv.txt"
-    fake = tmp_path / "fake-runc"
-    fake.write_text(RECORDER.format(out=out))
-    fake.chmod(0o755)
-    return node.variant(tmp_path, runtime={"path": str(fake)}), out
 
 
 def runtime(

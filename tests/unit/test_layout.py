@@ -52,6 +52,16 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def _relative_imports(root: Path) -> list[str]:
+    """Every ``from . import x`` (any level) under ``root``: the rules above read absolute names."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
 def _granted(allowed: set[str], module: str) -> bool:
     owner = _owner(module)
     if owner in allowed or (owner == TOP and TOP in allowed):
@@ -69,6 +79,11 @@ def test_every_subpackage_imports_only_what_its_docstring_allows() -> None:
                 if not _granted(allowed, module):
                     wrong.append(f"{path.relative_to(SRC)}:{line} imports {module}")
     assert wrong == []
+
+
+def test_no_module_imports_relatively() -> None:
+    """A relative import would slip past the checks above (they read gpuhook.* names)."""
+    assert _relative_imports(SRC) == []
 
 
 ENTRY_POINTS = {"__main__.py", "_cli_entry.py", "_shim_entry.py"}
@@ -93,6 +108,8 @@ def test_the_check_catches_a_wrong_import(tmp_path: Path) -> None:
     assert _granted(_allowed("runtime"), "gpuhook.pipeline.policy")
     assert _granted(_allowed("pipeline"), "gpuhook.inventory.catalog")
     assert not _granted(_allowed("pipeline"), "gpuhook.inventory.store")
+    bad.write_text("def f():\n    from ..runtime import shim\n")
+    assert _relative_imports(tmp_path) == ["bad.py:2"]
 
 
 def _long_functions(root: Path) -> list[str]:

@@ -8,7 +8,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
+
+# under GPUHOOK_REQUIRE_ALL/CI the inner run refuses to start unless root, and setpriv needs root:
+# those tests are marked root (skipped when not root, outside CI)
 
 SUITE = """
 import pytest
@@ -50,6 +55,7 @@ def run(
     )
 
 
+@pytest.mark.root
 def test_a_full_run_passes_and_counts(tmp_path: Path) -> None:
     out = run(tmp_path, GPUHOOK_REQUIRE_ALL="1")
     assert out.returncode == 0, out.stdout
@@ -61,12 +67,14 @@ def test_outside_ci_a_skip_is_a_skip(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout
 
 
+@pytest.mark.root
 def test_in_ci_any_skip_fails(tmp_path: Path) -> None:
     out = run(tmp_path, skip=True, CI="true")
     assert out.returncode == 1, out.stdout
     assert "GPUHOOK_REQUIRE_ALL: skipped: test_suite.py::test_tool_missing: " in out.stdout
 
 
+@pytest.mark.root
 def test_in_ci_a_deselected_proof_fails(tmp_path: Path) -> None:
     out = run(tmp_path, "-k", "not other", GPUHOOK_REQUIRE_ALL="1")
     assert out.returncode == 1, out.stdout
@@ -76,6 +84,7 @@ def test_in_ci_a_deselected_proof_fails(tmp_path: Path) -> None:
     assert "no root/slow test ran" in out.stdout
 
 
+@pytest.mark.root
 def test_in_ci_not_root_is_an_error() -> None:
     """Not root: outside CI the root/slow tests skip; in CI the run refuses to start."""
     with tempfile.TemporaryDirectory() as folder:

@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -203,7 +204,7 @@ def test_preload_imports_nothing_heavy_that_changes_the_shim() -> None:
     """structlog would become the shim's log writer in the children; click is the CLI's."""
     out = subprocess.run(
         [
-            "python3",
+            sys.executable,
             "-I",
             "-c",
             f"import sys; sys.path.insert(0, {str(SRC)!r}); from gpuhook.runtime import service;"

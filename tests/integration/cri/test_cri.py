@@ -17,10 +17,10 @@ import pytest
 
 from tests.integration.cri.conftest import IMAGE, IMAGE_ALL, MPS_GPU, Cri
 from tests.integration.cri.kubelet import Allocation, Pod
+from tests.integration.test_leak_matrix import gpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
-CONTROL = ["/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
 PCT = "gpuhook.io/mps-active-thread-percentage"
 MIB = 1 << 20
 
@@ -44,10 +44,6 @@ CONTAINER_KEYS = {
     "io.kubernetes.cri.sandbox-namespace",
     "io.kubernetes.cri.sandbox-uid",
 }
-
-
-def gpus(*indices: int) -> list[str]:
-    return sorted(CONTROL + [f"/dev/nvidia{i}" for i in indices])
 
 
 def cdi(
