@@ -14,6 +14,8 @@ import click
 from gpuhook import __version__, log
 from gpuhook import config as config_mod
 from gpuhook.cli.render import FORMATS, to_json, to_yaml
+from gpuhook.engines import readers
+from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH
 from gpuhook.errors import RecordNotFoundError, UsageError, describe
 
 TYPE_CHECKING = False
@@ -317,7 +319,7 @@ def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--runtime",
                 "engine",
-                type=click.Choice(("docker", "containerd", "podman")),
+                type=click.Choice(readers.ENGINES),
                 required=True,
                 help="The engine whose config to edit.",
             ),
@@ -325,11 +327,13 @@ def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 "--config",
                 "engine_config",
                 metavar="PATH",
-                help="The engine's config (default: /etc/docker/daemon.json, "
-                "/etc/containerd/config.toml, /etc/containers/containers.conf).",
+                help=f"The engine's config (default: {', '.join(readers.DEFAULT_PATHS.values())}).",
             ),
             click.option(
-                "--runtime-name", default="gpuhook", show_default=True, help="The runtime's name."
+                "--runtime-name",
+                default=DEFAULT_NAME,
+                show_default=True,
+                help="The runtime's name.",
             ),
             click.option(
                 "--drop-in",
@@ -352,7 +356,7 @@ def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
 )
 @click.option(
     "--runtime-path",
-    default="/usr/bin/gpuhook-runtime",
+    default=DEFAULT_RUNTIME_PATH,
     show_default=True,
     help="The gpuhook-runtime executable the engine runs.",
 )
@@ -498,8 +502,8 @@ def _host_root_option(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option(
     "--runtime",
     "engine",
-    type=click.Choice(("containerd", "docker")),
-    default="containerd",
+    type=click.Choice((readers.CONTAINERD, readers.DOCKER)),  # those the node installer supports
+    default=readers.CONTAINERD,
     show_default=True,
     help="The engine to register gpuhook-runtime with.",
 )
@@ -759,21 +763,21 @@ def gc_command(obj: Context, dry_run: bool, grace: float, output: str | None) ->
 @click.option(
     "--docker-config",
     metavar="PATH",
-    default="/etc/docker/daemon.json",
+    default=readers.DEFAULT_PATHS[readers.DOCKER],
     show_default=True,
     help="docker's daemon.json to check.",
 )
 @click.option(
     "--containerd-config",
     metavar="PATH",
-    default="/etc/containerd/config.toml",
+    default=readers.DEFAULT_PATHS[readers.CONTAINERD],
     show_default=True,
     help="containerd's config.toml to check.",
 )
 @click.option(
     "--podman-config",
     metavar="PATH",
-    default="/etc/containers/containers.conf",
+    default=readers.DEFAULT_PATHS[readers.PODMAN],
     show_default=True,
     help="podman's containers.conf to check.",
 )

@@ -491,22 +491,19 @@ def check_hook(node: Node) -> Result:
     )
 
 
-_DAEMON = {readers.DOCKER: "dockerd", readers.CONTAINERD: "containerd", readers.PODMAN: "podman"}
-
-
 def _engine_result(node: Node, engine: str) -> Result:
     reg = node.engine(engine)
     configure = f"gpuhook runtime configure --runtime {engine} --set-as-default"
-    if engine != readers.PODMAN:  # podman reads containers.conf on every command
-        configure += f", then: systemctl restart {engine}"
-    daemon = _DAEMON[engine]
+    if readers.SERVICE[engine]:  # none for podman: it reads containers.conf on every command
+        configure += f", then: systemctl restart {readers.SERVICE[engine]}"
+    daemon = readers.DAEMON[engine]
     if not reg.exists:
         if config_mod.which(daemon):
             return Result(
                 engine,
                 WARN,
                 f"{daemon} is installed but {reg.path} does not exist: {engine} runs its "
-                f"containers with {'its default runtime' if engine == 'podman' else 'runc'}, "
+                f"containers with {'its default runtime' if engine == readers.PODMAN else 'runc'}, "
                 "not gpuhook",
                 configure,
             )
@@ -549,17 +546,17 @@ def _engine_result(node: Node, engine: str) -> Result:
     )
 
 
-@register("docker", needs_config=False)
+@register(readers.DOCKER, needs_config=False)
 def check_docker(node: Node) -> Result:
     return _engine_result(node, readers.DOCKER)
 
 
-@register("containerd", needs_config=False)
+@register(readers.CONTAINERD, needs_config=False)
 def check_containerd(node: Node) -> Result:
     return _engine_result(node, readers.CONTAINERD)
 
 
-@register("podman", needs_config=False)
+@register(readers.PODMAN, needs_config=False)
 def check_podman(node: Node) -> Result:
     return _engine_result(node, readers.PODMAN)
 
@@ -572,13 +569,14 @@ def check_engines(node: Node) -> list[Result]:
         return []
     if any(r.exists and (r.error or not r.gpuhook_runtimes) for r in regs):
         return []  # that engine's own check failed with its fix
+    *others, last = readers.ENGINES
     return [
         Result(
             "engines",
             FAIL,
-            "gpuhook-runtime is registered with neither docker, containerd nor podman: no "
+            f"gpuhook-runtime is registered with neither {', '.join(others)} nor {last}: no "
             "container goes through gpuhook",
-            "gpuhook runtime configure --runtime docker|containerd|podman --set-as-default",
+            f"gpuhook runtime configure --runtime {'|'.join(readers.ENGINES)} --set-as-default",
         )
     ]
 
@@ -625,9 +623,9 @@ def check_engine_cdi(node: Node) -> list[Result]:
     """Engines that resolve CDI themselves must find gpuhook's spec in their spec folders."""
     config = node.need_config()
     results = []
-    for engine in (readers.CONTAINERD, readers.PODMAN):
+    for engine in readers.ENGINES:  # those that resolve CDI themselves: reg.cdi
         reg = node.engine(engine)
-        if reg.error or not reg.cdi or not (reg.exists or config_mod.which(_DAEMON[engine])):
+        if reg.error or not reg.cdi or not (reg.exists or config_mod.which(readers.DAEMON[engine])):
             continue
         folders = ", ".join(reg.cdi_dirs) or "(none)"
         output = config.cdi_output

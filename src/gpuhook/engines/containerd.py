@@ -53,9 +53,6 @@ if TYPE_CHECKING:
     from tomlkit.items import Table
     from tomlkit.toml_document import TOMLDocument
 
-DEFAULT_CONFIG = "/etc/containerd/config.toml"
-SERVICE = "containerd"
-# The CRI runtime plugin, per containerd config version.
 CONTAINER_ANNOTATIONS = ("cdi.k8s.io/*",)
 POD_ANNOTATIONS = ("gpuhook.io/*",)
 _HEADER = re.compile(r"^\s*\[")

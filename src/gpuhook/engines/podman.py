@@ -27,8 +27,6 @@ from tomlkit.exceptions import TOMLKitError
 from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH, Edit, check_name
 from gpuhook.errors import RegistrationError
 
-DEFAULT_CONFIG = "/etc/containers/containers.conf"
-SERVICE = ""  # none: podman reads containers.conf per command
 ENGINE = "engine"
 RUNTIMES = "runtimes"
 RUNTIME = "runtime"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 
+from gpuhook.engines import readers
 from gpuhook.errors import NodeInstallError
 
-SERVICE = {"containerd": "containerd", "docker": "docker"}
 NSENTER = ("nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--")
 BIN_DIRS = ("usr/local/bin", "usr/bin", "usr/local/sbin", "usr/sbin", "bin")
 TIMEOUT = 300
@@ -57,7 +57,7 @@ def containerd_major(host_root: str) -> int:
 
 def restart(engine: str) -> str:
     """Restart the engine's service in the host's namespaces; the line to log."""
-    service = SERVICE[engine]
+    service = readers.SERVICE[engine]
     argv = [*NSENTER, "systemctl", "restart", service]
     try:
         out = subprocess.run(
