@@ -88,7 +88,15 @@ def read_text(path: str) -> str | None:
         ) from None
 
 
-def containerd_major(binary: str = "containerd") -> int:
+def major_of(version_output: str) -> int:
+    """The major version in ``containerd --version`` output (``containerd <repository> v1.7.12
+    <commit>``); 1 when it names none."""
+    fields = version_output.split()
+    major = fields[2].lstrip("v").split(".", 1)[0] if len(fields) >= 3 else ""
+    return int(major) if major.isdigit() else 1
+
+
+def containerd_major(binary: str = readers.DAEMON[readers.CONTAINERD]) -> int:
     """The major version of the installed containerd (``containerd --version``), 1 if unknown."""
     path = shutil.which(binary)
     if not path:
@@ -99,10 +107,7 @@ def containerd_major(binary: str = "containerd") -> int:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return 1
-    fields = out.split()
-    version = fields[2].lstrip("v") if len(fields) >= 3 else ""
-    major = version.split(".", 1)[0]
-    return int(major) if major.isdigit() else 1
+    return major_of(out)
 
 
 class _Request(Frozen):
