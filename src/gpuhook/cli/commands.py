@@ -15,7 +15,7 @@ from gpuhook import __version__, log
 from gpuhook import config as config_mod
 from gpuhook.cli.render import FORMATS, to_json, to_yaml
 from gpuhook.engines import readers
-from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH
+from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH, unified_diff
 from gpuhook.errors import RecordNotFoundError, UsageError, describe
 
 TYPE_CHECKING = False
@@ -293,14 +293,10 @@ def inspect_spec(
     usage = decide.mps_usage_of(config, exclude_bundle=bundle_abs)
     outcome = decide.run(spec, config, bundle=bundle_abs, mps_usage_source=usage)
     if diff:
-        import difflib
         import json
 
-        before = json.dumps(spec, indent=2).splitlines(keepends=True)
-        after = json.dumps(outcome.spec, indent=2).splitlines(keepends=True)
-        click.echo(
-            "".join(difflib.unified_diff(before, after, source, source + " (gpuhook)")), nl=False
-        )
+        before, after = (json.dumps(s, indent=2) for s in (spec, outcome.spec))
+        click.echo(unified_diff(before, after, source, now=""), nl=False)
         return
     emit(tables.outcome_view(outcome, bundle_abs), output, tables.decision_table)
 

@@ -38,11 +38,14 @@ def check_name(name: str) -> None:
         raise RegistrationError(f"runtime name {name!r} is reserved for runc itself")
 
 
-def unified_diff(before: str, after: str, path: str) -> str:
+def unified_diff(before: str, after: str, path: str, now: str = " (now)") -> str:
+    """``before`` -> ``after`` as a unified diff of ``path`` (``<path><now>`` -> ``<path>
+    (gpuhook)``, /dev/null for an empty ``before``); every line ends with a newline, the last
+    lines of texts that lack one included."""
     lines = difflib.unified_diff(
         before.splitlines(keepends=True),
         after.splitlines(keepends=True),
-        f"{path} (now)" if before else "/dev/null",
+        f"{path}{now}" if before else "/dev/null",
         f"{path} (gpuhook)",
     )
     return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
