@@ -378,7 +378,7 @@ def runtime_configure(
         set_default=set_as_default,
         drop_in=drop_in,
     )
-    if not (os.path.isfile(runtime_path) and os.access(runtime_path, os.X_OK)):
+    if not config_mod.which(runtime_path):  # an absolute path (configure.plan checked)
         click.echo(
             f"warning: {runtime_path} is not an executable file here; {engine} cannot start "
             f"containers through runtime {runtime_name} until it is",

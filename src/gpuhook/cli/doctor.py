@@ -475,7 +475,7 @@ def check_runtime_service(node: Node) -> Result:
 def check_hook(node: Node) -> Result:
     config = node.need_config()
     for key, path in (("hook.path", config.hook_path), ("hook.ldconfig", config.ldconfig)):
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        if not config_mod.which(path):  # both absolute paths
             return Result(
                 "hook",
                 FAIL,
