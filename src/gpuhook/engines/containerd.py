@@ -45,6 +45,7 @@ from gpuhook.engines.common import (
     RUNC_TYPE,
     Edit,
     check_name,
+    toml_load,
 )
 from gpuhook.engines.readers import CRI_PLUGIN, cdi_settings
 from gpuhook.errors import RegistrationError
@@ -56,19 +57,6 @@ if TYPE_CHECKING:
 CONTAINER_ANNOTATIONS = ("cdi.k8s.io/*",)
 POD_ANNOTATIONS = ("gpuhook.io/*",)
 _HEADER = re.compile(r"^\s*\[")
-
-
-def _toml_load(text: str, source: str) -> tuple[TOMLDocument, dict[str, Any]]:
-    """Parse with tomlkit (for editing) and tomllib (the reference reading of the text)."""
-    try:
-        plain = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RegistrationError(f"{source}: malformed TOML: {exc}") from None
-    try:
-        doc = tomlkit.parse(text)
-    except TOMLKitError as exc:
-        raise RegistrationError(f"{source}: malformed TOML: {exc}") from None
-    return doc, plain
 
 
 def config_version(plain: dict[str, Any], source: str) -> int:
@@ -397,7 +385,7 @@ def containerd_configure(
     if not original.strip():
         original = ""
     text = original or new_containerd_text(new_version)
-    doc, plain = _toml_load(text, source)
+    doc, plain = toml_load(text, source)
     version = config_version(plain, source)
     _check_containerd(plain, version, name, source)
     expected = _plain_configure(plain, version, name, runtime_path, set_default)
@@ -603,7 +591,7 @@ def containerd_unconfigure(
     check_name(name)
     if text is None or not text.strip():
         return Edit(text or "", False, ())
-    doc, plain = _toml_load(text, source)
+    doc, plain = toml_load(text, source)
     version = config_version(plain, source)
     _check_containerd(plain, version, name, source)
     cri_keys = _cri_path(version)
@@ -655,7 +643,7 @@ def _imported(imports: list[str], path: str) -> bool:
 
 def containerd_add_import(text: str, dropin_path: str, *, source: str = "config.toml") -> Edit:
     """Make the main config import ``dropin_path`` (unless an entry or a glob already does)."""
-    doc, plain = _toml_load(text, source)
+    doc, plain = toml_load(text, source)
     config_version(plain, source)
     imports = imports_of(plain, source)
     if _imported(imports, dropin_path):
@@ -682,7 +670,7 @@ def _insert_top_level(doc: TOMLDocument, key: str, value: Any) -> None:
 
 
 def containerd_remove_import(text: str, dropin_path: str, *, source: str = "config.toml") -> Edit:
-    doc, plain = _toml_load(text, source)
+    doc, plain = toml_load(text, source)
     config_version(plain, source)
     imports = imports_of(plain, source)
     if dropin_path not in imports:
@@ -712,11 +700,11 @@ def containerd_dropin(
     the main file's CRI section (containerd 1.x replaces whole plugin sections on import)."""
     check_name(name)
     main = main_text if main_text and main_text.strip() else new_containerd_text(new_version)
-    _doc, plain = _toml_load(main, source)
+    _doc, plain = toml_load(main, source)
     version = config_version(plain, source)
     _check_containerd(plain, version, name, source)
     if dropin_text and dropin_text.strip():
-        _d, dplain = _toml_load(dropin_text, dropin_source)
+        _d, dplain = toml_load(dropin_text, dropin_source)
         if config_version(dplain, dropin_source) != version:
             raise RegistrationError(
                 f"{dropin_source}: config version differs from {source} (version {version})"
@@ -745,7 +733,7 @@ def _dropin_base(main: str, plain: dict[str, Any], version: int, source: str) ->
         "# runtime. `gpuhook runtime unconfigure --drop-in` removes this file.\n"
     )
     if version == 2 and _walk(plain, ("plugins", CRI_PLUGIN[2]), source) is not None:
-        doc, _ = _toml_load(main, source)
+        doc, _ = toml_load(main, source)
         for key in list(doc.keys()):
             if key != "plugins":
                 del doc[key]
