@@ -146,7 +146,7 @@ def _wanted_runtime(
 def _plain_configure(
     plain: dict[str, Any], version: int, name: str, runtime_path: str, set_default: bool
 ) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(json.dumps(plain, default=str))
+    out: dict[str, Any] = _plain(plain)
     node = out
     for key in _cri_path(version):
         node = node.setdefault(key, {})
@@ -306,7 +306,7 @@ def _verify(text: str, expected: dict[str, Any], source: str) -> None:
         raise RegistrationError(
             f"{source}: internal error: the edited file would not parse ({exc}); nothing written"
         ) from None
-    if json.loads(json.dumps(got, default=str)) != json.loads(json.dumps(expected, default=str)):
+    if not _same(got, expected):
         raise RegistrationError(
             f"{source}: internal error: the edit would change more than gpuhook's keys; "
             "nothing written (please report this with the file)"
@@ -328,7 +328,7 @@ def _edit_runtime(
     added: Table | None = None
     runtimes = _tk_ensure(doc, (*cri_keys, "runtimes"))
     current = _tk_get(runtimes, name)
-    plain_runtimes = json.loads(json.dumps(runtimes.unwrap(), default=str))
+    plain_runtimes = _plain(runtimes.unwrap())
     wanted, _ = _wanted_runtime(plain_runtimes, name, runtime_path)
     if current is None:
         runc = _tk_get(runtimes, RUNC)
@@ -424,8 +424,14 @@ def cdi_notes(plain: dict[str, Any], version: int) -> tuple[str, ...]:
     )
 
 
+def _plain(value: Any) -> Any:
+    """A deep copy of tomllib (or unwrapped tomlkit) data as plain JSON types: dates and times
+    become their text, so two readings of a file compare equal."""
+    return json.loads(json.dumps(value, default=str))
+
+
 def _same(a: Any, b: Any) -> bool:
-    return bool(json.loads(json.dumps(a, default=str)) == json.loads(json.dumps(b, default=str)))
+    return bool(_plain(a) == _plain(b))
 
 
 def _separate_block(text: str, version: int, name: str) -> str:
@@ -595,7 +601,7 @@ def containerd_unconfigure(
     version = config_version(plain, source)
     _check_containerd(plain, version, name, source)
     cri_keys = _cri_path(version)
-    expected: dict[str, Any] = json.loads(json.dumps(plain, default=str))
+    expected: dict[str, Any] = _plain(plain)
     notes: list[str] = []
     node = expected
     for key in cri_keys:
@@ -648,7 +654,7 @@ def containerd_add_import(text: str, dropin_path: str, *, source: str = "config.
     imports = imports_of(plain, source)
     if _imported(imports, dropin_path):
         return Edit(text, False, (f"{dropin_path} is already imported",))
-    expected = json.loads(json.dumps(plain, default=str))
+    expected = _plain(plain)
     expected["imports"] = [*imports, dropin_path]
     current = _tk_get(doc, "imports")
     if current is None:
@@ -675,7 +681,7 @@ def containerd_remove_import(text: str, dropin_path: str, *, source: str = "conf
     imports = imports_of(plain, source)
     if dropin_path not in imports:
         return Edit(text, False, ())
-    expected = json.loads(json.dumps(plain, default=str))
+    expected = _plain(plain)
     expected["imports"] = [i for i in imports if i != dropin_path]
     current: Any = doc["imports"]
     while dropin_path in list(current):
