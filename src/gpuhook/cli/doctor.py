@@ -4,7 +4,7 @@ A check is a function ``(Node) -> Result | list[Result]`` registered with :func:
 reads what it needs from the :class:`Node` (the config, the inventory, the engine configs) and
 says ``pass``, ``warn``, ``fail`` or ``skip`` with one line, and for a failure (or a warning) the
 fix. A new check is one registered function; :func:`run` runs them in order and never lets one
-check's crash hide the others. The CLI renders the results (``views.doctor_table``) and exits
+check's crash hide the others. The CLI renders the results (``tables.doctor_table``) and exits
 non-zero when any check fails.
 """
 
@@ -136,10 +136,6 @@ def register(
         return function
 
     return decorate
-
-
-def unregister(name: str) -> None:
-    CHECKS[:] = [c for c in CHECKS if c.name != name]
 
 
 def run(node: Node, checks: list[Check] | None = None) -> list[Result]:
