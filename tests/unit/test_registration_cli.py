@@ -216,3 +216,20 @@ def test_warns_when_the_runtime_is_not_installed(
         "--runtime-path", str(exe),
     )  # fmt: skip
     assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize(
+    ("output", "major"),
+    [
+        ("containerd github.com/containerd/containerd v1.7.12 71909c1\n", 1),
+        ("containerd github.com/containerd/containerd/v2 v2.0.2 c507a0257ea\n", 2),
+        ("containerd containerd.io 1.6.33 d2d58213\n", 1),
+        ("containerd github.com/containerd/containerd/v2 2.1.0 abc\n", 2),
+        ("containerd: unknown flag\n", 1),
+        ("", 1),
+    ],
+)
+def test_containerd_major_of_its_version_line(output: str, major: int) -> None:
+    from gpuhook.engines.configure import major_of
+
+    assert major_of(output) == major

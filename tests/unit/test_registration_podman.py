@@ -69,7 +69,7 @@ def test_new_file_holds_only_gpuhooks_keys() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[engine\nruntime = 1\n", "not valid TOML"),
+        ("[engine\nruntime = 1\n", "malformed TOML"),
         ("engine = 3\n", "'engine' is not a table"),
         ("[engine]\nruntimes = [1]\n", "'engine.runtimes' is not a table"),
         ("[engine]\nruntime = 1\n", "'engine.runtime' is not a string"),
@@ -110,6 +110,6 @@ def test_cli_refuses_a_malformed_file_untouched(
     code, _, err = gpuhook(
         capsys, "runtime", "configure", "--runtime", "podman", "--config", str(conf)
     )
-    assert code == 1 and "not valid TOML" in err and "nothing written" in err
+    assert code == 1 and "malformed TOML" in err and "nothing written" in err
     assert conf.read_text() == "[engine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["containers.conf"]

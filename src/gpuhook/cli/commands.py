@@ -14,6 +14,8 @@ import click
 from gpuhook import __version__, log
 from gpuhook import config as config_mod
 from gpuhook.cli.render import FORMATS, to_json, to_yaml
+from gpuhook.engines import readers
+from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH, unified_diff
 from gpuhook.errors import RecordNotFoundError, UsageError, describe
 
 TYPE_CHECKING = False
@@ -291,14 +293,10 @@ def inspect_spec(
     usage = decide.mps_usage_of(config, exclude_bundle=bundle_abs)
     outcome = decide.run(spec, config, bundle=bundle_abs, mps_usage_source=usage)
     if diff:
-        import difflib
         import json
 
-        before = json.dumps(spec, indent=2).splitlines(keepends=True)
-        after = json.dumps(outcome.spec, indent=2).splitlines(keepends=True)
-        click.echo(
-            "".join(difflib.unified_diff(before, after, source, source + " (gpuhook)")), nl=False
-        )
+        before, after = (json.dumps(s, indent=2) for s in (spec, outcome.spec))
+        click.echo(unified_diff(before, after, source, now=""), nl=False)
         return
     emit(tables.outcome_view(outcome, bundle_abs), output, tables.decision_table)
 
@@ -317,7 +315,7 @@ def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--runtime",
                 "engine",
-                type=click.Choice(("docker", "containerd", "podman")),
+                type=click.Choice(readers.ENGINES),
                 required=True,
                 help="The engine whose config to edit.",
             ),
@@ -325,11 +323,13 @@ def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 "--config",
                 "engine_config",
                 metavar="PATH",
-                help="The engine's config (default: /etc/docker/daemon.json, "
-                "/etc/containerd/config.toml, /etc/containers/containers.conf).",
+                help=f"The engine's config (default: {', '.join(readers.DEFAULT_PATHS.values())}).",
             ),
             click.option(
-                "--runtime-name", default="gpuhook", show_default=True, help="The runtime's name."
+                "--runtime-name",
+                default=DEFAULT_NAME,
+                show_default=True,
+                help="The runtime's name.",
             ),
             click.option(
                 "--drop-in",
@@ -352,7 +352,7 @@ def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
 )
 @click.option(
     "--runtime-path",
-    default="/usr/bin/gpuhook-runtime",
+    default=DEFAULT_RUNTIME_PATH,
     show_default=True,
     help="The gpuhook-runtime executable the engine runs.",
 )
@@ -378,7 +378,7 @@ def runtime_configure(
         set_default=set_as_default,
         drop_in=drop_in,
     )
-    if not (os.path.isfile(runtime_path) and os.access(runtime_path, os.X_OK)):
+    if not config_mod.which(runtime_path):  # an absolute path (configure.plan checked)
         click.echo(
             f"warning: {runtime_path} is not an executable file here; {engine} cannot start "
             f"containers through runtime {runtime_name} until it is",
@@ -498,8 +498,8 @@ def _host_root_option(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option(
     "--runtime",
     "engine",
-    type=click.Choice(("containerd", "docker")),
-    default="containerd",
+    type=click.Choice((readers.CONTAINERD, readers.DOCKER)),  # those the node installer supports
+    default=readers.CONTAINERD,
     show_default=True,
     help="The engine to register gpuhook-runtime with.",
 )
@@ -759,21 +759,21 @@ def gc_command(obj: Context, dry_run: bool, grace: float, output: str | None) ->
 @click.option(
     "--docker-config",
     metavar="PATH",
-    default="/etc/docker/daemon.json",
+    default=readers.DEFAULT_PATHS[readers.DOCKER],
     show_default=True,
     help="docker's daemon.json to check.",
 )
 @click.option(
     "--containerd-config",
     metavar="PATH",
-    default="/etc/containerd/config.toml",
+    default=readers.DEFAULT_PATHS[readers.CONTAINERD],
     show_default=True,
     help="containerd's config.toml to check.",
 )
 @click.option(
     "--podman-config",
     metavar="PATH",
-    default="/etc/containers/containers.conf",
+    default=readers.DEFAULT_PATHS[readers.PODMAN],
     show_default=True,
     help="podman's containers.conf to check.",
 )

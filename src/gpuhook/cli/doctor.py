@@ -4,7 +4,7 @@ A check is a function ``(Node) -> Result | list[Result]`` registered with :func:
 reads what it needs from the :class:`Node` (the config, the inventory, the engine configs) and
 says ``pass``, ``warn``, ``fail`` or ``skip`` with one line, and for a failure (or a warning) the
 fix. A new check is one registered function; :func:`run` runs them in order and never lets one
-check's crash hide the others. The CLI renders the results (``views.doctor_table``) and exits
+check's crash hide the others. The CLI renders the results (``tables.doctor_table``) and exits
 non-zero when any check fails.
 """
 
@@ -136,10 +136,6 @@ def register(
         return function
 
     return decorate
-
-
-def unregister(name: str) -> None:
-    CHECKS[:] = [c for c in CHECKS if c.name != name]
 
 
 def run(node: Node, checks: list[Check] | None = None) -> list[Result]:
@@ -475,7 +471,7 @@ def check_runtime_service(node: Node) -> Result:
 def check_hook(node: Node) -> Result:
     config = node.need_config()
     for key, path in (("hook.path", config.hook_path), ("hook.ldconfig", config.ldconfig)):
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        if not config_mod.which(path):  # both absolute paths
             return Result(
                 "hook",
                 FAIL,
@@ -491,22 +487,19 @@ def check_hook(node: Node) -> Result:
     )
 
 
-_DAEMON = {readers.DOCKER: "dockerd", readers.CONTAINERD: "containerd", readers.PODMAN: "podman"}
-
-
 def _engine_result(node: Node, engine: str) -> Result:
     reg = node.engine(engine)
     configure = f"gpuhook runtime configure --runtime {engine} --set-as-default"
-    if engine != readers.PODMAN:  # podman reads containers.conf on every command
-        configure += f", then: systemctl restart {engine}"
-    daemon = _DAEMON[engine]
+    if readers.SERVICE[engine]:  # none for podman: it reads containers.conf on every command
+        configure += f", then: systemctl restart {readers.SERVICE[engine]}"
+    daemon = readers.DAEMON[engine]
     if not reg.exists:
         if config_mod.which(daemon):
             return Result(
                 engine,
                 WARN,
                 f"{daemon} is installed but {reg.path} does not exist: {engine} runs its "
-                f"containers with {'its default runtime' if engine == 'podman' else 'runc'}, "
+                f"containers with {'its default runtime' if engine == readers.PODMAN else 'runc'}, "
                 "not gpuhook",
                 configure,
             )
@@ -549,17 +542,17 @@ def _engine_result(node: Node, engine: str) -> Result:
     )
 
 
-@register("docker", needs_config=False)
+@register(readers.DOCKER, needs_config=False)
 def check_docker(node: Node) -> Result:
     return _engine_result(node, readers.DOCKER)
 
 
-@register("containerd", needs_config=False)
+@register(readers.CONTAINERD, needs_config=False)
 def check_containerd(node: Node) -> Result:
     return _engine_result(node, readers.CONTAINERD)
 
 
-@register("podman", needs_config=False)
+@register(readers.PODMAN, needs_config=False)
 def check_podman(node: Node) -> Result:
     return _engine_result(node, readers.PODMAN)
 
@@ -572,13 +565,14 @@ def check_engines(node: Node) -> list[Result]:
         return []
     if any(r.exists and (r.error or not r.gpuhook_runtimes) for r in regs):
         return []  # that engine's own check failed with its fix
+    *others, last = readers.ENGINES
     return [
         Result(
             "engines",
             FAIL,
-            "gpuhook-runtime is registered with neither docker, containerd nor podman: no "
+            f"gpuhook-runtime is registered with neither {', '.join(others)} nor {last}: no "
             "container goes through gpuhook",
-            "gpuhook runtime configure --runtime docker|containerd|podman --set-as-default",
+            f"gpuhook runtime configure --runtime {'|'.join(readers.ENGINES)} --set-as-default",
         )
     ]
 
@@ -625,9 +619,9 @@ def check_engine_cdi(node: Node) -> list[Result]:
     """Engines that resolve CDI themselves must find gpuhook's spec in their spec folders."""
     config = node.need_config()
     results = []
-    for engine in (readers.CONTAINERD, readers.PODMAN):
+    for engine in readers.ENGINES:  # those that resolve CDI themselves: reg.cdi
         reg = node.engine(engine)
-        if reg.error or not reg.cdi or not (reg.exists or config_mod.which(_DAEMON[engine])):
+        if reg.error or not reg.cdi or not (reg.exists or config_mod.which(readers.DAEMON[engine])):
             continue
         folders = ", ".join(reg.cdi_dirs) or "(none)"
         output = config.cdi_output

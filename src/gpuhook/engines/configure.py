@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gpuhook import log
-from gpuhook.engines import registration
+from gpuhook.engines import readers, registration
 from gpuhook.errors import RegistrationError, UsageError
 from gpuhook.fsutil import atomic_write
 from gpuhook.model.frozen import Frozen, _init
@@ -88,7 +88,15 @@ def read_text(path: str) -> str | None:
         ) from None
 
 
-def containerd_major(binary: str = "containerd") -> int:
+def major_of(version_output: str) -> int:
+    """The major version in ``containerd --version`` output (``containerd <repository> v1.7.12
+    <commit>``); 1 when it names none."""
+    fields = version_output.split()
+    major = fields[2].lstrip("v").split(".", 1)[0] if len(fields) >= 3 else ""
+    return int(major) if major.isdigit() else 1
+
+
+def containerd_major(binary: str = readers.DAEMON[readers.CONTAINERD]) -> int:
     """The major version of the installed containerd (``containerd --version``), 1 if unknown."""
     path = shutil.which(binary)
     if not path:
@@ -99,10 +107,7 @@ def containerd_major(binary: str = "containerd") -> int:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return 1
-    fields = out.split()
-    version = fields[2].lstrip("v") if len(fields) >= 3 else ""
-    major = version.split(".", 1)[0]
-    return int(major) if major.isdigit() else 1
+    return major_of(out)
 
 
 class _Request(Frozen):
@@ -151,13 +156,14 @@ def plan(
     drop_in: str | None = None,
     new_version: Callable[[], int] | None = None,
 ) -> Plan:
-    if engine not in registration.ENGINES:
-        raise UsageError(f"unknown runtime {engine!r} (docker, containerd or podman)")
-    path = os.path.abspath(config_path or registration.DEFAULT_CONFIG[engine])
+    if engine not in readers.ENGINES:
+        *others, last = readers.ENGINES
+        raise UsageError(f"unknown runtime {engine!r} ({', '.join(others)} or {last})")
+    path = os.path.abspath(config_path or readers.DEFAULT_PATHS[engine])
     if action == CONFIGURE and not runtime_path.startswith("/"):
         raise UsageError(f"--runtime-path {runtime_path!r}: give an absolute path")
     if drop_in is not None:
-        if engine != registration.CONTAINERD:
+        if engine != readers.CONTAINERD:
             raise UsageError("--drop-in: only containerd imports drop-in files")
         drop_in = os.path.abspath(drop_in)
         if drop_in == path:
@@ -172,7 +178,7 @@ def plan(
         drop_in=drop_in,
     )
     before = read_text(path)
-    if engine in (registration.DOCKER, registration.PODMAN):
+    if engine in (readers.DOCKER, readers.PODMAN):
         return _single(req, before, _file_edit(req, before))
     version = _version(before, new_version)
     if drop_in is None:
@@ -190,7 +196,7 @@ def _version(before: str | None, new_version: Callable[[], int] | None) -> int:
 
 
 def _single(req: _Request, before: str | None, edit: registration.Edit) -> Plan:
-    service = registration.SERVICE[req.engine]
+    service = readers.SERVICE[req.engine]
     return Plan(req.engine, req.action, (_change(req.path, before, edit),), edit.notes, service)
 
 
@@ -198,8 +204,8 @@ def _file_edit(req: _Request, before: str | None) -> registration.Edit:
     """docker's daemon.json or podman's containers.conf: one file, the engine's own pair of
     pure edits."""
     configure, unconfigure = {
-        registration.DOCKER: (registration.docker_configure, registration.docker_unconfigure),
-        registration.PODMAN: (registration.podman_configure, registration.podman_unconfigure),
+        readers.DOCKER: (registration.docker_configure, registration.docker_unconfigure),
+        readers.PODMAN: (registration.podman_configure, registration.podman_unconfigure),
     }[req.engine]
     if req.action == CONFIGURE:
         return configure(
@@ -241,7 +247,7 @@ def _dropin_configure(req: _Request, drop_in: str, before: str | None, version: 
     notes = tuple(f"{req.path}: {n}" for n in main_edit.notes) + tuple(
         f"{drop_in}: {n}" for n in dropin_edit.notes
     )
-    return Plan(req.engine, req.action, changes, notes, registration.SERVICE[req.engine])
+    return Plan(req.engine, req.action, changes, notes, readers.SERVICE[req.engine])
 
 
 def _dropin_unconfigure(req: _Request, drop_in: str, before: str | None) -> Plan:
@@ -258,7 +264,7 @@ def _dropin_unconfigure(req: _Request, drop_in: str, before: str | None) -> Plan
         req.action,
         (main_change, FileChange(drop_in, dropin_before, None)),
         main_notes + dropin_notes,
-        registration.SERVICE[req.engine],
+        readers.SERVICE[req.engine],
     )
 
 

@@ -45,6 +45,7 @@ from gpuhook.engines.common import (
     RUNC_TYPE,
     Edit,
     check_name,
+    toml_load,
 )
 from gpuhook.engines.readers import CRI_PLUGIN, cdi_settings
 from gpuhook.errors import RegistrationError
@@ -53,25 +54,9 @@ if TYPE_CHECKING:
     from tomlkit.items import Table
     from tomlkit.toml_document import TOMLDocument
 
-DEFAULT_CONFIG = "/etc/containerd/config.toml"
-SERVICE = "containerd"
-# The CRI runtime plugin, per containerd config version.
 CONTAINER_ANNOTATIONS = ("cdi.k8s.io/*",)
 POD_ANNOTATIONS = ("gpuhook.io/*",)
 _HEADER = re.compile(r"^\s*\[")
-
-
-def _toml_load(text: str, source: str) -> tuple[TOMLDocument, dict[str, Any]]:
-    """Parse with tomlkit (for editing) and tomllib (the reference reading of the text)."""
-    try:
-        plain = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RegistrationError(f"{source}: malformed TOML: {exc}") from None
-    try:
-        doc = tomlkit.parse(text)
-    except TOMLKitError as exc:
-        raise RegistrationError(f"{source}: malformed TOML: {exc}") from None
-    return doc, plain
 
 
 def config_version(plain: dict[str, Any], source: str) -> int:
@@ -161,7 +146,7 @@ def _wanted_runtime(
 def _plain_configure(
     plain: dict[str, Any], version: int, name: str, runtime_path: str, set_default: bool
 ) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(json.dumps(plain, default=str))
+    out: dict[str, Any] = _plain(plain)
     node = out
     for key in _cri_path(version):
         node = node.setdefault(key, {})
@@ -321,7 +306,7 @@ def _verify(text: str, expected: dict[str, Any], source: str) -> None:
         raise RegistrationError(
             f"{source}: internal error: the edited file would not parse ({exc}); nothing written"
         ) from None
-    if json.loads(json.dumps(got, default=str)) != json.loads(json.dumps(expected, default=str)):
+    if not _same(got, expected):
         raise RegistrationError(
             f"{source}: internal error: the edit would change more than gpuhook's keys; "
             "nothing written (please report this with the file)"
@@ -343,7 +328,7 @@ def _edit_runtime(
     added: Table | None = None
     runtimes = _tk_ensure(doc, (*cri_keys, "runtimes"))
     current = _tk_get(runtimes, name)
-    plain_runtimes = json.loads(json.dumps(runtimes.unwrap(), default=str))
+    plain_runtimes = _plain(runtimes.unwrap())
     wanted, _ = _wanted_runtime(plain_runtimes, name, runtime_path)
     if current is None:
         runc = _tk_get(runtimes, RUNC)
@@ -400,7 +385,7 @@ def containerd_configure(
     if not original.strip():
         original = ""
     text = original or new_containerd_text(new_version)
-    doc, plain = _toml_load(text, source)
+    doc, plain = toml_load(text, source)
     version = config_version(plain, source)
     _check_containerd(plain, version, name, source)
     expected = _plain_configure(plain, version, name, runtime_path, set_default)
@@ -439,8 +424,14 @@ def cdi_notes(plain: dict[str, Any], version: int) -> tuple[str, ...]:
     )
 
 
+def _plain(value: Any) -> Any:
+    """A deep copy of tomllib (or unwrapped tomlkit) data as plain JSON types: dates and times
+    become their text, so two readings of a file compare equal."""
+    return json.loads(json.dumps(value, default=str))
+
+
 def _same(a: Any, b: Any) -> bool:
-    return bool(json.loads(json.dumps(a, default=str)) == json.loads(json.dumps(b, default=str)))
+    return bool(_plain(a) == _plain(b))
 
 
 def _separate_block(text: str, version: int, name: str) -> str:
@@ -606,11 +597,11 @@ def containerd_unconfigure(
     check_name(name)
     if text is None or not text.strip():
         return Edit(text or "", False, ())
-    doc, plain = _toml_load(text, source)
+    doc, plain = toml_load(text, source)
     version = config_version(plain, source)
     _check_containerd(plain, version, name, source)
     cri_keys = _cri_path(version)
-    expected: dict[str, Any] = json.loads(json.dumps(plain, default=str))
+    expected: dict[str, Any] = _plain(plain)
     notes: list[str] = []
     node = expected
     for key in cri_keys:
@@ -658,12 +649,12 @@ def _imported(imports: list[str], path: str) -> bool:
 
 def containerd_add_import(text: str, dropin_path: str, *, source: str = "config.toml") -> Edit:
     """Make the main config import ``dropin_path`` (unless an entry or a glob already does)."""
-    doc, plain = _toml_load(text, source)
+    doc, plain = toml_load(text, source)
     config_version(plain, source)
     imports = imports_of(plain, source)
     if _imported(imports, dropin_path):
         return Edit(text, False, (f"{dropin_path} is already imported",))
-    expected = json.loads(json.dumps(plain, default=str))
+    expected = _plain(plain)
     expected["imports"] = [*imports, dropin_path]
     current = _tk_get(doc, "imports")
     if current is None:
@@ -685,12 +676,12 @@ def _insert_top_level(doc: TOMLDocument, key: str, value: Any) -> None:
 
 
 def containerd_remove_import(text: str, dropin_path: str, *, source: str = "config.toml") -> Edit:
-    doc, plain = _toml_load(text, source)
+    doc, plain = toml_load(text, source)
     config_version(plain, source)
     imports = imports_of(plain, source)
     if dropin_path not in imports:
         return Edit(text, False, ())
-    expected = json.loads(json.dumps(plain, default=str))
+    expected = _plain(plain)
     expected["imports"] = [i for i in imports if i != dropin_path]
     current: Any = doc["imports"]
     while dropin_path in list(current):
@@ -715,11 +706,11 @@ def containerd_dropin(
     the main file's CRI section (containerd 1.x replaces whole plugin sections on import)."""
     check_name(name)
     main = main_text if main_text and main_text.strip() else new_containerd_text(new_version)
-    _doc, plain = _toml_load(main, source)
+    _doc, plain = toml_load(main, source)
     version = config_version(plain, source)
     _check_containerd(plain, version, name, source)
     if dropin_text and dropin_text.strip():
-        _d, dplain = _toml_load(dropin_text, dropin_source)
+        _d, dplain = toml_load(dropin_text, dropin_source)
         if config_version(dplain, dropin_source) != version:
             raise RegistrationError(
                 f"{dropin_source}: config version differs from {source} (version {version})"
@@ -748,7 +739,7 @@ def _dropin_base(main: str, plain: dict[str, Any], version: int, source: str) ->
         "# runtime. `gpuhook runtime unconfigure --drop-in` removes this file.\n"
     )
     if version == 2 and _walk(plain, ("plugins", CRI_PLUGIN[2]), source) is not None:
-        doc, _ = _toml_load(main, source)
+        doc, _ = toml_load(main, source)
         for key in list(doc.keys()):
             if key != "plugins":
                 del doc[key]

@@ -15,9 +15,6 @@ from typing import Any
 from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH, RUNC, Edit, check_name
 from gpuhook.errors import RegistrationError
 
-DEFAULT_CONFIG = "/etc/docker/daemon.json"
-SERVICE = "docker"
-
 
 def _docker_load(text: str | None, source: str) -> dict[str, Any]:
     if text is None or not text.strip():

@@ -23,10 +23,8 @@ from gpuhook.engines import readers
 DOCKER_CONFIG = readers.DEFAULT_PATHS[readers.DOCKER]
 CONTAINERD_CONFIG = readers.DEFAULT_PATHS[readers.CONTAINERD]
 PODMAN_CONFIG = readers.DEFAULT_PATHS[readers.PODMAN]
-CONFIGURE_COMMANDS = (
-    "gpuhook runtime configure --runtime docker --set-as-default",
-    "gpuhook runtime configure --runtime containerd --set-as-default",
-    "gpuhook runtime configure --runtime podman --set-as-default",
+CONFIGURE_COMMANDS = tuple(
+    f"gpuhook runtime configure --runtime {engine} --set-as-default" for engine in readers.ENGINES
 )
 DEFAULT_KEY = {
     readers.DOCKER: "default-runtime",

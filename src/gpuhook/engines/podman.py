@@ -22,13 +22,10 @@ import tomllib
 from typing import Any
 
 import tomlkit
-from tomlkit.exceptions import TOMLKitError
 
-from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH, Edit, check_name
+from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH, Edit, check_name, toml_load
 from gpuhook.errors import RegistrationError
 
-DEFAULT_CONFIG = "/etc/containers/containers.conf"
-SERVICE = ""  # none: podman reads containers.conf per command
 ENGINE = "engine"
 RUNTIMES = "runtimes"
 RUNTIME = "runtime"
@@ -36,12 +33,7 @@ RUNTIME = "runtime"
 
 def _load(text: str | None, source: str) -> tuple[Any, dict[str, Any]]:
     """tomlkit document and plain data; the ``engine`` keys gpuhook edits must have their types."""
-    raw = text or ""
-    try:
-        plain = tomllib.loads(raw)
-        doc = tomlkit.parse(raw)
-    except (tomllib.TOMLDecodeError, TOMLKitError) as exc:
-        raise RegistrationError(f"{source}: not valid TOML ({exc}); nothing written") from None
+    doc, plain = toml_load(text or "", source)
     engine = plain.get(ENGINE, {})
     if not isinstance(engine, dict):
         raise RegistrationError(f"{source}: 'engine' is not a table; nothing written")

@@ -27,6 +27,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+# The engines gpuhook registers with: their names, default configs, the systemd service to
+# restart after an edit ("" for podman, which reads containers.conf on every command) and the
+# executable whose presence says the engine is installed. The one table of engines.
 DOCKER = "docker"
 CONTAINERD = "containerd"
 PODMAN = "podman"
@@ -36,6 +39,8 @@ DEFAULT_PATHS = {
     CONTAINERD: "/etc/containerd/config.toml",
     PODMAN: "/etc/containers/containers.conf",
 }
+SERVICE = {DOCKER: "docker", CONTAINERD: "containerd", PODMAN: ""}
+DAEMON = {DOCKER: "dockerd", CONTAINERD: "containerd", PODMAN: "podman"}
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 RUNTIME_BASENAME = "gpuhook-runtime"
 CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 
+from gpuhook.engines import configure, readers
 from gpuhook.errors import NodeInstallError
 
-SERVICE = {"containerd": "containerd", "docker": "docker"}
 NSENTER = ("nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--")
 BIN_DIRS = ("usr/local/bin", "usr/bin", "usr/local/sbin", "usr/sbin", "bin")
 TIMEOUT = 300
@@ -43,21 +43,20 @@ def chroot_run(host_root: str, argv: list[str], what: str) -> str:
 
 def containerd_major(host_root: str) -> int:
     """The major version of the host's containerd (1 when it has none that answers)."""
+    daemon = readers.DAEMON[readers.CONTAINERD]
     for folder in BIN_DIRS:
-        if os.access(os.path.join(host_root, folder, "containerd"), os.X_OK):
+        if os.access(os.path.join(host_root, folder, daemon), os.X_OK):
             try:
-                out = chroot_run(host_root, [f"/{folder}/containerd", "--version"], "containerd")
+                out = chroot_run(host_root, [f"/{folder}/{daemon}", "--version"], daemon)
             except NodeInstallError:
                 return 1
-            fields = out.split()
-            major = fields[2].lstrip("v").split(".", 1)[0] if len(fields) >= 3 else ""
-            return int(major) if major.isdigit() else 1
+            return configure.major_of(out)
     return 1
 
 
 def restart(engine: str) -> str:
     """Restart the engine's service in the host's namespaces; the line to log."""
-    service = SERVICE[engine]
+    service = readers.SERVICE[engine]
     argv = [*NSENTER, "systemctl", "restart", service]
     try:
         out = subprocess.run(

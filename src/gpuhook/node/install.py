@@ -33,7 +33,7 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from gpuhook import config as config_mod
-from gpuhook.engines import configure
+from gpuhook.engines import configure, readers
 from gpuhook.errors import ConfigError, NodeInstallError
 from gpuhook.fsutil import atomic_write, temp_name
 from gpuhook.model.frozen import Frozen, _init
@@ -56,7 +56,6 @@ STUB_RUNTIME = (
     "# their shims call this path; it hands every call to the low-level runtime.\n"
     'exec {runtime} "$@"\n'
 )
-ENGINE_CONFIG = {"containerd": "/etc/containerd/config.toml", "docker": "/etc/docker/daemon.json"}
 DEFAULT_CONFIG = (
     "# gpuhook config written by `gpuhook node install` (no --config given)\n"
     f"hook:\n  path: {HOOK_PATH}\n  ldconfig: {LDCONFIG}\n"
@@ -139,7 +138,7 @@ def engine_plan(host_root: str, engine: str, action: str) -> configure.Plan:
     return configure.plan(
         engine,
         action,
-        config_path=host.host_path(host_root, ENGINE_CONFIG[engine]),
+        config_path=host.host_path(host_root, readers.DEFAULT_PATHS[engine]),
         runtime_path=RUNTIME_PATH,
         set_default=action == configure.CONFIGURE,
         new_version=lambda: host.containerd_major(host_root),
@@ -216,7 +215,7 @@ def install(
     record = read_record(host_root) or Record(engine, (), False)
     if record.engine != engine:
         raise NodeInstallError(f"gpuhook is installed for {record.engine} here; uninstall first")
-    paths = footprint(data, ENGINE_CONFIG[engine])
+    paths = footprint(data, readers.DEFAULT_PATHS[engine])
     new = (p for p in paths if not os.path.lexists(host.host_path(host_root, p)))
     record = Record(engine, tuple(dict.fromkeys((*record.created, *new))), record.restart_pending)
     write_record(host_root, record)
@@ -227,7 +226,7 @@ def install(
         write_record(host_root, record.with_pending(True))
         lines += configure.apply(plan)
     else:
-        lines.append(f"{ENGINE_CONFIG[engine]}: gpuhook is already registered")
+        lines.append(f"{readers.DEFAULT_PATHS[engine]}: gpuhook is already registered")
     return lines + settle(host_root, engine, restart)
 
 
@@ -237,7 +236,7 @@ def settle(host_root: str, engine: str, restart: bool) -> list[str]:
     if record is None or not record.restart_pending:
         return []
     if not restart:
-        service = host.SERVICE[engine]
+        service = readers.SERVICE[engine]
         return [f"not restarted (--no-restart): restart {service} on the node to apply"]
     line = host.restart(engine)
     write_record(host_root, record.with_pending(False))
