@@ -228,6 +228,17 @@ def test_containerd_copies_systemd_cgroup_from_runc() -> None:
     assert at(data, *CRI2, "default_runtime_name") == "runc"
 
 
+def test_containerd_copies_runc_options_of_any_toml_type() -> None:
+    """A TOML date-time among runc's options is copied as a date-time (not refused, not text)."""
+    text = V2.replace(
+        "SystemdCgroup = false", "SystemdCgroup = false\n            Since = 1979-05-27T07:32:00Z"
+    )
+    data = tomllib.loads(r.containerd_configure(text).text)
+    options = at(data, *CRI2, "runtimes", "gpuhook", "options")
+    assert options["Since"] == at(data, *CRI2, "runtimes", "runc", "options", "Since")
+    assert not isinstance(options["Since"], str)
+
+
 def test_containerd_twice_changes_nothing_and_unconfigure_restores_the_file() -> None:
     for sample in (V2, V3):
         first = r.containerd_configure(sample, set_default=True)

@@ -28,6 +28,7 @@ Malformed input raises :class:`gpuhook.errors.RegistrationError` with one line.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import fnmatch
 import json
@@ -120,13 +121,13 @@ def _wanted_runtime(
     """The runtime table gpuhook wants, and where its options come from (for the notes)."""
     current = runtimes.get(name)
     if isinstance(current, dict):
-        table = json.loads(json.dumps(current))
+        table = copy.deepcopy(current)
         origin = ""
     else:
         runc = runtimes.get(RUNC)
         table = {}
         if isinstance(runc, dict) and isinstance(runc.get("options"), dict):
-            table["options"] = json.loads(json.dumps(runc["options"]))
+            table["options"] = copy.deepcopy(runc["options"])
             origin = f"options copied from runtime {RUNC}"
         else:
             origin = f"no runtime {RUNC} to copy options from"
