@@ -15,6 +15,7 @@ import pytest
 from gpuhook import fsutil
 from gpuhook.config import Config
 from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
+from gpuhook.model.decision import Request
 from gpuhook.pipeline import flow, request
 from gpuhook.pipeline.kubelet import Allocation
 from gpuhook.records import gc as records_gc
@@ -41,9 +42,9 @@ def decide(spec: dict[str, Any], allocated: tuple[str, ...] = ()) -> flow.Outcom
     )
 
 
-def build(outcome: flow.Outcome | None, **kw: Any) -> dict[str, Any]:
+def build(decided: flow.Outcome | Request) -> dict[str, Any]:
     return writer.build(
-        "c1", "/b/c1", outcome, runtime="/usr/sbin/runc", root="/run/r", config="/c.yaml", **kw
+        "c1", "/b/c1", decided, runtime="/usr/sbin/runc", root="/run/r", config="/c.yaml"
     )
 
 
@@ -109,15 +110,18 @@ def test_decided_records_follow_the_schema(
 
 
 def test_undecided_records_follow_the_schema() -> None:
-    unparsed = build(None, note="no GPU marker in config.json")
-    assert schema_errors(unparsed) == []
-    assert unparsed["request"] is None and unparsed["kubernetes"] is None
-    assert unparsed["decision"]["reasons"][0]["why"] == "no GPU marker in config.json"
-    parsed = build(None, request=request.parse(f.spec(annotations=f.k8s())))
+    parsed = build(request.parse(f.spec(annotations=f.k8s())))
     assert schema_errors(parsed) == []
     assert parsed["kubernetes"]["pod_name"] == "trainer"
     assert parsed["request"]["channels"] == []
-    assert parsed["decision"]["reasons"][0]["why"] == writer.NO_REQUEST
+    assert parsed["decision"]["reasons"][0]["why"] == "no GPU request in the spec"
+    assert parsed["decision"]["gpu_container"] is False and parsed["mps"] is None
+    assert parsed["edits"] == {"env": [], "deviceNodes": [], "mounts": [], "hooks": []}
+    plain = build(request.parse(f.spec()))
+    assert schema_errors(plain) == []
+    assert plain["kubernetes"] is None
+    # every record is of a parsed spec: a record without its request is not one
+    assert schema_errors({**plain, "request": None})
 
 
 def test_the_schema_rejects_what_is_not_a_record() -> None:
@@ -165,7 +169,7 @@ def test_write_failures_are_one_line_never_exceptions(tmp_path: Path) -> None:
     config = state_config(blocker / "state")  # a file where a folder should be
     bundle = tmp_path / "b"
     bundle.mkdir()
-    record = build(None)
+    record = build(request.parse(f.spec()))
     failure = writer.write(config, "c1", str(bundle), record)
     assert failure.startswith(f"cannot link decision record {blocker}/state/containers/c1.json")
     assert "\n" not in failure

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 PRIORITY = (CHANNEL_CDI, CHANNEL_MOUNT, CHANNEL_DOCKER, CHANNEL_ENV)
 CHECKPOINT_CHANNEL = "kubelet-checkpoint"
+NO_REQUEST = "no GPU request in the spec"
 
 
 class Trust(Frozen):
@@ -233,10 +234,7 @@ def decide(
     limit cannot be satisfied."""
     chosen = _chosen(request)
     if chosen is None:
-        return Decision(
-            gpu_container=False,
-            reasons=(Reason("-", "", VERDICT_IGNORED, "no GPU request in the spec"),),
-        )
+        return no_request()
     others = tuple(_superseded(req, chosen) for req in request.channels if req is not chosen)
     checkpoint = Checkpoint(allocation, allocation_error)
     trust = _identity_refusal(request.kubernetes) or _trust(chosen, request, policy, checkpoint)
@@ -263,6 +261,13 @@ def decide(
             reasons=(reason, *others),
         )
     return _grant(chosen, trust, inventory(), capabilities, others)
+
+
+def no_request(why: str = "") -> Decision:
+    """The decision for a spec that asks for no GPU: the container is left alone. ``why``
+    replaces the reason's :data:`NO_REQUEST` (the shim says it did not parse the spec)."""
+    reason = Reason("-", "", VERDICT_IGNORED, why or NO_REQUEST)
+    return Decision(gpu_container=False, reasons=(reason,))
 
 
 def _trust(

@@ -28,27 +28,26 @@ if TYPE_CHECKING:
 
 RECORD_NAME = "gpuhook-decision.json"
 RECORD_VERSION = 1
-NO_REQUEST = "no GPU request in the spec"
 
 
 def build(
     container_id: str,
     bundle: str,
-    outcome: Outcome | None,
-    note: str = "",
+    decided: Outcome | Request,
     *,
-    request: Request | None = None,
     runtime: str = "",
     root: str = "",
     config: str = "",
 ) -> dict[str, Any]:
     """The record (its JSON Schema: ``schemas/record.schema.json``).
 
-    ``outcome`` None: nothing was decided because the spec carries no GPU request (``request``
-    is the parsed request; ``note`` may say why). ``runtime`` and ``root`` are the low-level
-    runtime and its ``--root`` (its state folder, "" for its default); ``config`` the gpuhook
-    config file that decided.
+    ``decided``: the outcome of a decided create, or the parsed request of a spec that carries
+    a GPU marker but no GPU request (nothing was decided). ``runtime`` and ``root`` are the
+    low-level runtime and its ``--root`` (its state folder, "" for its default); ``config`` the
+    gpuhook config file that decided.
     """
+    from gpuhook.model.decision import Request
+
     record: dict[str, Any] = {
         "record_version": RECORD_VERSION,
         "container_id": container_id,
@@ -58,28 +57,21 @@ def build(
         "config": config,
         "runtime": {"path": runtime, "root": root},
     }
-    record.update(decided_view(outcome) if outcome is not None else _undecided(request, note))
+    record.update(_undecided(decided) if isinstance(decided, Request) else decided_view(decided))
     return record
 
 
-def _undecided(request: Request | None, note: str) -> dict[str, Any]:
-    kube = request.kubernetes if request is not None else None
-    reason = {"channel": "-", "value": "", "verdict": "ignored", "why": note or NO_REQUEST}
+def _undecided(request: Request) -> dict[str, Any]:
+    from gpuhook.model.edits import ContainerEdits
+    from gpuhook.pipeline.policy import no_request
+
     return {
-        "kubernetes": kube.to_dict() if kube is not None else None,
-        "request": request.to_dict() if request is not None else None,
+        "kubernetes": request.kubernetes.to_dict() if request.kubernetes else None,
+        "request": request.to_dict(),
         "allocation": None,
         "allocation_error": "",
-        "decision": {
-            "gpu_container": False,
-            "devices": [],
-            "driver_only": False,
-            "capabilities": [],
-            "channel": None,
-            "refused": False,
-            "reasons": [reason],
-        },
-        "edits": {"env": [], "deviceNodes": [], "mounts": [], "hooks": []},
+        "decision": no_request().to_dict(),
+        "edits": ContainerEdits().to_dict(),
         "mps": None,  # MPS limits: none without a GPU
         "spec_changed": False,
     }

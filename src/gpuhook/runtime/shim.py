@@ -209,7 +209,7 @@ def _create_full(
     if config is None or not req.channels:
         if config is not None:
             _log_no_request(args, bundle, req, "")
-            failure = _record(config, args, bundle, None, request=req)
+            failure = _record(config, args, bundle, req)
             if failure:
                 _logger(args, bundle).warning("record not written", error=failure)
         return _exec_configured(config, argv, args, execute)
@@ -324,22 +324,19 @@ def _configure_log(config: Config) -> None:
     log.configure(config.log_level, config.log_file)
 
 
-def _record(
-    config: Config, args: RuntimeArgs, bundle: str, outcome: Outcome | None, **kw: Any
-) -> str:
-    """Write the decision record; "" on success, else the one-line failure (never raises: a
-    record must never block a container)."""
+def _record(config: Config, args: RuntimeArgs, bundle: str, decided: Outcome | Request) -> str:
+    """Write the decision record of an outcome, or of a request for no GPU; "" on success, else
+    the one-line failure (never raises: a record must never block a container)."""
     from gpuhook.records import writer
 
     try:
         record = writer.build(
             args.container_id,
             bundle,
-            outcome,
+            decided,
             runtime=config.runtime,
             root=args.root,
             config=config.source,
-            **kw,
         )
         return writer.write(config, args.container_id, bundle, record)
     except Exception as exc:
@@ -353,17 +350,16 @@ def _log_no_request(args: RuntimeArgs, bundle: str, req: Request | None, note: s
 
     if not log.debug_enabled():
         return
-    from gpuhook.records import writer
+    from gpuhook.pipeline import policy
 
+    decision = policy.no_request(note)
     _logger(args, bundle).debug(
         "decision",
-        gpu_container=False,
-        channel=None,
+        gpu_container=decision.gpu_container,
+        channel=decision.channel,
         devices=[],
-        refused=False,
-        reasons=[
-            {"channel": "-", "value": "", "verdict": "ignored", "why": note or writer.NO_REQUEST}
-        ],
+        refused=decision.refused,
+        reasons=[r.to_dict() for r in decision.reasons],
         kubernetes=req.kubernetes.to_dict() if req is not None and req.kubernetes else None,
         spec_changed=False,
     )
