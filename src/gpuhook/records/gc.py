@@ -15,10 +15,10 @@ import time
 
 from gpuhook.errors import GpuhookError
 from gpuhook.fsutil import temp_base
+from gpuhook.records.ids import SUFFIX, link_id
 from gpuhook.records.lookup import (
     DEFAULT_ROOTS,
     DELETED,
-    SUFFIX,
     UNREADABLE,
     created_at,
     entry_of,
@@ -156,7 +156,7 @@ def _judge(folder: str, name: str, run: _Pass) -> GcItem | None:
         if _age(link, run.now) < run.grace_s:
             return None
         return _remove(link, name, "leftover of an interrupted record write", run.dry_run)
-    if not name.endswith(SUFFIX) or len(name) == len(SUFFIX):
+    if not link_id(name):
         return None
     entry = entry_of(folder, name)
     if entry.state == DELETED:

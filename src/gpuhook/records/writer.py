@@ -16,7 +16,7 @@ import time
 
 from gpuhook import __version__, _fastjson
 from gpuhook.fsutil import atomic_write, remove_stale_temps, temp_name
-from gpuhook.records.ids import valid_id
+from gpuhook.records.ids import link_path, valid_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def write(config: Config, container_id: str, bundle: str, record: dict[str, Any]
         atomic_write(path, _fastjson.dumps(record).encode(), 0o644, fsync=False)
     except (OSError, ValueError) as exc:
         return f"cannot write decision record {path}: {getattr(exc, 'strerror', None) or exc}"
-    link = os.path.join(config.records_dir, container_id + ".json")
+    link = link_path(config.records_dir, container_id)
     try:
         try:
             os.symlink(path, link)
@@ -126,50 +126,3 @@ def write(config: Config, container_id: str, bundle: str, record: dict[str, Any]
     except OSError as exc:
         return f"cannot link decision record {link}: {exc.strerror}"
     return ""
-
-
-def mps_usage(
-    config: Config, exclude_id: str, exclude_bundle: str = ""
-) -> dict[str, tuple[int, int]]:
-    """The MPS pinned memory limits of the live containers: GPU uuid -> (bytes, containers).
-
-    A container is live while its record link resolves: the engine removes the bundle (and the
-    record in it) when it deletes the container, which leaves the link dangling. Only limits
-    marked ``counted`` add up (a container with no limit on a GPU promised nothing). The
-    container being created (``exclude_id``, or the record in ``exclude_bundle`` for a dry run)
-    is left out, so it is not counted twice.
-    """
-    usage: dict[str, tuple[int, int]] = {}
-    folder = config.records_dir
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return usage
-    skip = exclude_id + ".json"
-    for name in names:
-        if not name.endswith(".json") or name == skip:
-            continue
-        link = os.path.join(folder, name)
-        if exclude_bundle:
-            try:
-                if os.path.dirname(os.readlink(link)) == exclude_bundle:
-                    continue
-            except OSError:
-                pass
-        try:
-            with open(link, "rb") as fh:
-                record = _fastjson.loads(fh.read())
-        except (OSError, ValueError):
-            continue  # dangling link (the container is gone) or unreadable
-        mps = record.get("mps") if isinstance(record, dict) else None
-        entries = mps.get("pinned_memory_limits") if isinstance(mps, dict) else None
-        if not isinstance(entries, list):
-            continue
-        for entry in entries:
-            if not isinstance(entry, dict) or entry.get("counted") is not True:
-                continue
-            uuid, size = entry.get("uuid"), entry.get("bytes")
-            if isinstance(uuid, str) and isinstance(size, int) and size > 0:
-                used, count = usage.get(uuid, (0, 0))
-                usage[uuid] = (used + size, count + 1)
-    return usage

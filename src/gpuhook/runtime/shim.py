@@ -296,7 +296,7 @@ class _MpsUsage:
     def __call__(self) -> dict[str, tuple[int, int]]:
         from gpuhook.errors import MpsError
         from gpuhook.fsutil import FileLock
-        from gpuhook.records import writer
+        from gpuhook.records import lookup
 
         if self.lock is None:
             lock = FileLock(os.path.join(self.config.state_dir, "mps-usage.lock"), timeout=30.0)
@@ -309,7 +309,7 @@ class _MpsUsage:
             except OSError as exc:
                 raise MpsError(f"cannot lock {lock.path}: {exc.strerror}") from None
             self.lock = lock
-        return writer.mps_usage(self.config, self.container_id)
+        return lookup.mps_usage(self.config, self.container_id)
 
     def release(self) -> None:
         lock = self.lock
