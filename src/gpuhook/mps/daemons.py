@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 CONTROL = "nvidia-cuda-mps-control"
 RECORD = "control.pid"
-PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 10.0
@@ -99,7 +98,9 @@ def serves(pid: int, pipe_dir: str) -> bool:
         return os.geteuid() != 0
     except OSError:
         return False
-    return same_ns and f"{PIPE_ENV}={pipe_dir}".encode() in environ
+    from gpuhook.pipeline.sharing import ENV_PIPE  # the create path has it (the MPS plan)
+
+    return same_ns and f"{ENV_PIPE}={pipe_dir}".encode() in environ
 
 
 def find_daemon(pipe_dir: str) -> int | None:
@@ -139,6 +140,8 @@ class Daemon:
     """The control daemon of one share group: its folders, environment and control interface."""
 
     def __init__(self, config: Config, inventory: Inventory, group: Group) -> None:
+        from gpuhook.pipeline.sharing import ENV_LOG, ENV_PIPE
+
         self.config = config
         self.group = group
         self.binary = binary(inventory)
@@ -147,8 +150,8 @@ class Daemon:
         self.env = {
             "PATH": f"{os.path.dirname(self.binary)}:{SYSTEM_PATH}",
             "CUDA_VISIBLE_DEVICES": group.visible_devices(),
-            "CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir,
-            "CUDA_MPS_LOG_DIRECTORY": self.log_dir,
+            ENV_PIPE: self.pipe_dir,
+            ENV_LOG: self.log_dir,
         }
         if os.path.abspath(config.driver_root) != "/":
             # the MPS server loads libcuda: from the driver root, not from the host's search path
