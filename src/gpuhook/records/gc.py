@@ -15,6 +15,7 @@ import time
 
 from gpuhook.errors import GpuhookError
 from gpuhook.fsutil import temp_base
+from gpuhook.model.frozen import Frozen, _init
 from gpuhook.records.ids import SUFFIX, link_id
 from gpuhook.records.lookup import (
     DEFAULT_ROOTS,
@@ -121,29 +122,33 @@ def gc(
         names = sorted(os.listdir(folder))
     except FileNotFoundError:
         return GcReport(folder, dry_run, [], 0)
+    run = _Pass(config.runtime, now, grace_s, dry_run, probe)
     items: list[GcItem] = []
     live = 0
     for name in names:
-        item = _judge(folder, name, _Pass(config.runtime, now, grace_s, dry_run, probe))
+        item = _judge(folder, name, run)
         if item is LIVE_ITEM:
             live += 1
         elif item is not None:
             items.append(item)
-    items += _gc_exec_env(config, _Pass(config.runtime, now, grace_s, dry_run, probe))
+    items += _gc_exec_env(config, run)
     return GcReport(folder, dry_run, items, live)
 
 
-class _Pass:
+class _Pass(Frozen):
     """The settings of one gc run."""
+
+    __slots__ = ("dry_run", "grace_s", "now", "probe", "runtime")
+    runtime: str
+    now: float
+    grace_s: float
+    dry_run: bool
+    probe: StateProbe
 
     def __init__(
         self, runtime: str, now: float, grace_s: float, dry_run: bool, probe: StateProbe
     ) -> None:
-        self.runtime = runtime
-        self.now = now
-        self.grace_s = grace_s
-        self.dry_run = dry_run
-        self.probe = probe
+        _init(self, runtime=runtime, now=now, grace_s=grace_s, dry_run=dry_run, probe=probe)
 
 
 LIVE_ITEM = GcItem("", "", False, "alive")  # what _judge returns for a live container
