@@ -39,6 +39,7 @@ from gpuhook.model.decision import (
     Reason,
 )
 from gpuhook.model.frozen import Frozen, _init
+from gpuhook.pipeline.identity import CONTAINER, SANDBOX
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -195,9 +196,9 @@ def _who(kube: KubeIdentity | None) -> str:
 
 def _identity_refusal(kube: KubeIdentity | None) -> Trust | None:
     """A sandbox, or a Kubernetes identity that cannot be trusted: no GPU, whatever the channel."""
-    if kube is None or (kube.container_type == "container" and not kube.problem):
+    if kube is None or (kube.container_type == CONTAINER and not kube.problem):
         return None
-    if kube.container_type == "sandbox":
+    if kube.container_type == SANDBOX:
         return Trust(False, "a pod sandbox never gets GPUs")
     return Trust(False, f"treated as a pod sandbox (no GPU): {kube.problem}")
 
