@@ -198,6 +198,12 @@ def test_find_by_id_and_unique_prefix(three: Config) -> None:
     assert entry.record["container_id"] == "bbb333"
 
 
+def test_find_refuses_what_no_container_id_starts_with(three: Config) -> None:
+    for wanted in ("", ".", "..", "../aaa111", "aaa*", "a" * 1025):
+        with pytest.raises(RecordNotFoundError, match="is not a container id"):
+            lookup.find(three, wanted)
+
+
 def test_ambiguous_prefix_is_one_line_naming_the_candidates(three: Config) -> None:
     with pytest.raises(AmbiguousIdError) as info:
         lookup.find(three, "aaa")

@@ -16,7 +16,7 @@ import os
 
 from gpuhook import _fastjson
 from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
-from gpuhook.records.ids import SUFFIX, link_id, link_path
+from gpuhook.records.ids import SUFFIX, link_id, link_path, valid_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,8 +27,6 @@ if TYPE_CHECKING:
 LIVE = "live"
 DELETED = "deleted"
 UNREADABLE = "unreadable"
-# Where a runtime keeps its containers' state when it is run without --root (as root).
-DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
 # The --root folders the engines gpuhook registers with give their runtime (docker; containerd's
 # namespaces are the folders under /run/containerd/runc).
 ENGINE_ROOTS = ("/run/docker/runtime-runc/moby",)
@@ -131,7 +129,7 @@ def find(config: Config, wanted: str) -> Entry:
     """The live record of a container id, or of the one container whose id starts with
     ``wanted``. RecordNotFoundError / AmbiguousIdError with one line otherwise."""
     folder = config.records_dir
-    if not wanted or "/" in wanted or wanted in (".", ".."):
+    if not valid_id(wanted):  # a prefix of a valid id is one
         raise RecordNotFoundError(f"{wanted!r} is not a container id")
     if os.path.lexists(link_path(folder, wanted)):
         entry = entry_of(folder, wanted + SUFFIX)
