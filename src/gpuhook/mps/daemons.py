@@ -1,12 +1,11 @@
 """MPS control daemons (I/O): start, stop and status of ``nvidia-cuda-mps-control``.
 
 One daemon per share group (:mod:`gpuhook.pipeline.sharing`), started as
-``nvidia-cuda-mps-control -d``
-from the inventory's driver binaries with an explicit environment (never the caller's):
-``CUDA_VISIBLE_DEVICES`` = the group's GPU UUIDs, ``CUDA_MPS_PIPE_DIRECTORY`` =
-``<mps.root>/<group>/pipe``, ``CUDA_MPS_LOG_DIRECTORY`` = ``<mps.root>/<group>/log``. The
-group's share is set as the daemon's defaults through the control interface (the same binary in
-client mode, one command per call).
+``nvidia-cuda-mps-control -d`` from the inventory's driver binaries with an explicit environment
+(never the caller's): ``CUDA_VISIBLE_DEVICES`` = the group's GPU UUIDs,
+``CUDA_MPS_PIPE_DIRECTORY`` = ``<mps.root>/<group>/pipe``, ``CUDA_MPS_LOG_DIRECTORY`` =
+``<mps.root>/<group>/log``. The group's share is set as the daemon's defaults through the
+control interface (the same binary in client mode, one command per call).
 
 The pipe folder is bind-mounted read-write into every MPS client container, so nothing in it is
 trusted: not the daemon's own ``nvidia-cuda-mps-control.pid`` there, nor any link. gpuhook finds
@@ -81,8 +80,8 @@ def recorded_pid(pipe_dir: str) -> int | None:
 def serves(pid: int, pipe_dir: str) -> bool:
     """Whether ``pid`` is an nvidia-cuda-mps-control (not a zombie) started with
     ``CUDA_MPS_PIPE_DIRECTORY=pipe_dir`` in this process's pid namespace (a container's process
-    has its own, whatever argv and env it chose). Where its environ
-    cannot be read (not root: a report only, never a signal), argv[0] alone is checked."""
+    has its own, whatever argv and env it chose). Where its environ cannot be read (not root: a
+    report only, never a signal), argv[0] alone is checked."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             argv0 = fh.read(4096).split(b"\0", 1)[0]

@@ -6,10 +6,9 @@ libraries of its capabilities, bind-mounted read-only under their real names and
 into ``inject.lib_dir`` (a tmpfs, so nothing is written into the image's layer); the driver
 binaries of its capabilities; the firmware and IPC sockets; a createContainer hook that refreshes
 the container's ld.so.cache; ``NVIDIA_VISIBLE_DEVICES`` set to what was granted; and, for
-MPS-shared GPUs, the edits of the :class:`gpuhook.pipeline.sharing.MpsPlan` (pipe directory mount,
-MPS
-env, shm mount). A refused request gets ``NVIDIA_VISIBLE_DEVICES=void`` so that no other NVIDIA
-component acts on it.
+MPS-shared GPUs, the edits of the :class:`gpuhook.pipeline.sharing.MpsPlan` (pipe directory
+mount, MPS env, shm mount). A refused request gets ``NVIDIA_VISIBLE_DEVICES=void`` so that no
+other NVIDIA component acts on it.
 """
 
 from __future__ import annotations
