@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuhook.errors import SpecError
+from gpuhook.model.decision import KIND_GPU, KIND_MIG, Decision, DeviceRef
 from gpuhook.model.edits import ContainerEdits, Hook, Mount
 from gpuhook.model.inventory import DeviceNode
 from gpuhook.pipeline import apply, flow, inject, kubelet, policy, request
@@ -172,6 +173,21 @@ def test_mig_device_gets_parent_node_and_caps() -> None:
         "/dev/nvidia-caps/nvidia-cap12",
         "/dev/nvidia-caps/nvidia-cap13",
     ]
+
+
+def test_a_granted_device_without_its_nodes_is_missing_never_engine_injected() -> None:
+    inv, config = f.inventory(2, {1: 1}), f.config()
+    gone = Decision(
+        True, devices=(DeviceRef(KIND_GPU, f.gpu_uuid(5), 5),), capabilities=("utility",)
+    )
+    no_caps = Decision(True, devices=(DeviceRef(KIND_MIG, f.mig_uuid(1, 4), 1, 4),))
+    with pytest.raises(inject.MissingDevice, match=r"/dev/nvidia for GPU 5 \("):
+        inject.granted_nodes(gone, inv, config)
+    with pytest.raises(inject.MissingDevice, match="nvidia-caps device nodes of MIG device 1:4"):
+        inject.granted_nodes(no_caps, inv, config)
+    for decision in (gone, no_caps):  # not "all of its nodes are in the spec" for want of any
+        with pytest.raises(inject.MissingDevice):
+            inject.without_present(ContainerEdits(), decision, inv, config, f.spec())
 
 
 def test_refused_request_sets_void_and_nothing_else() -> None:

@@ -180,7 +180,7 @@ def test_next_record_write_removes_a_killed_writers_temps(tmp_path: Path) -> Non
     dead = 2**22 + 12345  # above pid_max's default: no such process
     stale = bundle / f".gpuhook-decision.json.gpuhook-tmp-{dead}-0badc0de"
     stale.write_text("{partial")
-    record = writer.build("c1", str(bundle), None)
+    record = writer.build("c1", str(bundle), request.parse(f.spec()))
     assert writer.write(config, "c1", str(bundle), record) == ""
     assert sorted(p.name for p in bundle.iterdir()) == ["gpuhook-decision.json"]
     # the link is re-pointed through a temp too: a killed re-point leaves one behind

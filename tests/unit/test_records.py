@@ -15,6 +15,7 @@ import pytest
 from gpuhook import fsutil
 from gpuhook.config import Config
 from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
+from gpuhook.model.decision import Request
 from gpuhook.pipeline import flow, request
 from gpuhook.pipeline.kubelet import Allocation
 from gpuhook.records import gc as records_gc
@@ -41,9 +42,9 @@ def decide(spec: dict[str, Any], allocated: tuple[str, ...] = ()) -> flow.Outcom
     )
 
 
-def build(outcome: flow.Outcome | None, **kw: Any) -> dict[str, Any]:
+def build(decided: flow.Outcome | Request) -> dict[str, Any]:
     return writer.build(
-        "c1", "/b/c1", outcome, runtime="/usr/sbin/runc", root="/run/r", config="/c.yaml", **kw
+        "c1", "/b/c1", decided, runtime="/usr/sbin/runc", root="/run/r", config="/c.yaml"
     )
 
 
@@ -109,15 +110,18 @@ def test_decided_records_follow_the_schema(
 
 
 def test_undecided_records_follow_the_schema() -> None:
-    unparsed = build(None, note="no GPU marker in config.json")
-    assert schema_errors(unparsed) == []
-    assert unparsed["request"] is None and unparsed["kubernetes"] is None
-    assert unparsed["decision"]["reasons"][0]["why"] == "no GPU marker in config.json"
-    parsed = build(None, request=request.parse(f.spec(annotations=f.k8s())))
+    parsed = build(request.parse(f.spec(annotations=f.k8s())))
     assert schema_errors(parsed) == []
     assert parsed["kubernetes"]["pod_name"] == "trainer"
     assert parsed["request"]["channels"] == []
-    assert parsed["decision"]["reasons"][0]["why"] == writer.NO_REQUEST
+    assert parsed["decision"]["reasons"][0]["why"] == "no GPU request in the spec"
+    assert parsed["decision"]["gpu_container"] is False and parsed["mps"] is None
+    assert parsed["edits"] == {"env": [], "deviceNodes": [], "mounts": [], "hooks": []}
+    plain = build(request.parse(f.spec()))
+    assert schema_errors(plain) == []
+    assert plain["kubernetes"] is None
+    # every record is of a parsed spec: a record without its request is not one
+    assert schema_errors({**plain, "request": None})
 
 
 def test_the_schema_rejects_what_is_not_a_record() -> None:
@@ -165,7 +169,7 @@ def test_write_failures_are_one_line_never_exceptions(tmp_path: Path) -> None:
     config = state_config(blocker / "state")  # a file where a folder should be
     bundle = tmp_path / "b"
     bundle.mkdir()
-    record = build(None)
+    record = build(request.parse(f.spec()))
     failure = writer.write(config, "c1", str(bundle), record)
     assert failure.startswith(f"cannot link decision record {blocker}/state/containers/c1.json")
     assert "\n" not in failure
@@ -192,6 +196,12 @@ def test_find_by_id_and_unique_prefix(three: Config) -> None:
     entry = lookup.find(three, "bb")
     assert entry.container_id == "bbb333" and entry.record is not None
     assert entry.record["container_id"] == "bbb333"
+
+
+def test_find_refuses_what_no_container_id_starts_with(three: Config) -> None:
+    for wanted in ("", ".", "..", "../aaa111", "aaa*", "a" * 1025):
+        with pytest.raises(RecordNotFoundError, match="is not a container id"):
+            lookup.find(three, wanted)
 
 
 def test_ambiguous_prefix_is_one_line_naming_the_candidates(three: Config) -> None:
@@ -230,6 +240,31 @@ def test_a_deleted_container_is_reported_as_deleted(three: Config, tmp_path: Pat
         ("aaa222", "live"),
         ("bbb333", "deleted"),  # ordered by its link's age: the record is gone
     ]
+
+
+def test_mps_usage_adds_up_the_counted_limits_of_live_records(tmp_path: Path) -> None:
+    config = state_config(tmp_path / "state")
+
+    def with_limits(cid: str, *limits: tuple[str, int, bool]) -> None:
+        record = write_record(config, cid, tmp_path / cid)
+        record["mps"] = {
+            "pinned_memory_limits": [{"uuid": u, "bytes": b, "counted": c} for u, b, c in limits]
+        }
+        (tmp_path / cid / writer.RECORD_NAME).write_text(json.dumps(record))
+
+    with_limits("a", ("GPU-1", 100, True), ("GPU-2", 7, False))
+    with_limits("b", ("GPU-1", 50, True))
+    with_limits("self", ("GPU-1", 1000, True))
+    with_limits("gone", ("GPU-1", 1000, True))
+    (tmp_path / "gone" / writer.RECORD_NAME).unlink()  # the engine deleted the container
+    with_limits("huge", ("GPU-1", 1000, True))
+    with open(tmp_path / "huge" / writer.RECORD_NAME, "ab") as fh:  # past the record size cap
+        fh.write(b" " * lookup.MAX_RECORD_BYTES)
+    assert lookup.mps_usage(config, "self") == {"GPU-1": (150, 2)}
+    dry_run = lookup.mps_usage(config, "", str(tmp_path / "self"))
+    assert dry_run == {"GPU-1": (150, 2)}
+    assert lookup.mps_usage(config, "") == {"GPU-1": (1150, 3)}
+    assert lookup.mps_usage(state_config(tmp_path / "none"), "") == {}
 
 
 # --- gc -------------------------------------------------------------------------------------------

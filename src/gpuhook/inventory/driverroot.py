@@ -39,14 +39,6 @@ def host_path(root: str, path: str) -> str:
     return path if root in ("", "/") else os.path.abspath(root) + path
 
 
-def in_root_path(root: str, host: str) -> str:
-    """Inverse of :func:`host_path`: the in-root path of a host path under ``root``."""
-    if root in ("", "/"):
-        return host
-    prefix = os.path.abspath(root)
-    return host[len(prefix) :] or "/"
-
-
 def scan(driver_root: str, dev_root: str, driver_version: str) -> ScanResult:
     result = ScanResult()
     _scan_libraries(driver_root, driver_version, result)

@@ -1,6 +1,6 @@
-"""The frozen base of gpuhook's value objects, on its own so that the runtime shim's argv parser
-(:mod:`gpuhook.runtime.runc_argv`) can use it without importing :mod:`gpuhook.model`. Import it
-from :mod:`gpuhook.model` elsewhere.
+"""The frozen base of gpuhook's value objects: ``from gpuhook.model.frozen import Frozen, _init``
+everywhere (:mod:`gpuhook.model` itself imports nothing). A module of its own so that the
+runtime shim's argv parser (:mod:`gpuhook.runtime.runc_argv`) uses it without any value type.
 """
 
 TYPE_CHECKING = False

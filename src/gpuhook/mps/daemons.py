@@ -1,12 +1,11 @@
 """MPS control daemons (I/O): start, stop and status of ``nvidia-cuda-mps-control``.
 
 One daemon per share group (:mod:`gpuhook.pipeline.sharing`), started as
-``nvidia-cuda-mps-control -d``
-from the inventory's driver binaries with an explicit environment (never the caller's):
-``CUDA_VISIBLE_DEVICES`` = the group's GPU UUIDs, ``CUDA_MPS_PIPE_DIRECTORY`` =
-``<mps.root>/<group>/pipe``, ``CUDA_MPS_LOG_DIRECTORY`` = ``<mps.root>/<group>/log``. The
-group's share is set as the daemon's defaults through the control interface (the same binary in
-client mode, one command per call).
+``nvidia-cuda-mps-control -d`` from the inventory's driver binaries with an explicit environment
+(never the caller's): ``CUDA_VISIBLE_DEVICES`` = the group's GPU UUIDs,
+``CUDA_MPS_PIPE_DIRECTORY`` = ``<mps.root>/<group>/pipe``, ``CUDA_MPS_LOG_DIRECTORY`` =
+``<mps.root>/<group>/log``. The group's share is set as the daemon's defaults through the
+control interface (the same binary in client mode, one command per call).
 
 The pipe folder is bind-mounted read-write into every MPS client container, so nothing in it is
 trusted: not the daemon's own ``nvidia-cuda-mps-control.pid`` there, nor any link. gpuhook finds
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
 
 CONTROL = "nvidia-cuda-mps-control"
 RECORD = "control.pid"
-PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 10.0
@@ -82,8 +80,8 @@ def recorded_pid(pipe_dir: str) -> int | None:
 def serves(pid: int, pipe_dir: str) -> bool:
     """Whether ``pid`` is an nvidia-cuda-mps-control (not a zombie) started with
     ``CUDA_MPS_PIPE_DIRECTORY=pipe_dir`` in this process's pid namespace (a container's process
-    has its own, whatever argv and env it chose). Where its environ
-    cannot be read (not root: a report only, never a signal), argv[0] alone is checked."""
+    has its own, whatever argv and env it chose). Where its environ cannot be read (not root: a
+    report only, never a signal), argv[0] alone is checked."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             argv0 = fh.read(4096).split(b"\0", 1)[0]
@@ -99,7 +97,9 @@ def serves(pid: int, pipe_dir: str) -> bool:
         return os.geteuid() != 0
     except OSError:
         return False
-    return same_ns and f"{PIPE_ENV}={pipe_dir}".encode() in environ
+    from gpuhook.pipeline.sharing import ENV_PIPE  # the create path has it (the MPS plan)
+
+    return same_ns and f"{ENV_PIPE}={pipe_dir}".encode() in environ
 
 
 def find_daemon(pipe_dir: str) -> int | None:
@@ -139,6 +139,8 @@ class Daemon:
     """The control daemon of one share group: its folders, environment and control interface."""
 
     def __init__(self, config: Config, inventory: Inventory, group: Group) -> None:
+        from gpuhook.pipeline.sharing import ENV_LOG, ENV_PIPE
+
         self.config = config
         self.group = group
         self.binary = binary(inventory)
@@ -147,8 +149,8 @@ class Daemon:
         self.env = {
             "PATH": f"{os.path.dirname(self.binary)}:{SYSTEM_PATH}",
             "CUDA_VISIBLE_DEVICES": group.visible_devices(),
-            "CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir,
-            "CUDA_MPS_LOG_DIRECTORY": self.log_dir,
+            ENV_PIPE: self.pipe_dir,
+            ENV_LOG: self.log_dir,
         }
         if os.path.abspath(config.driver_root) != "/":
             # the MPS server loads libcuda: from the driver root, not from the host's search path

@@ -143,16 +143,10 @@ def _add_device_nodes(linux: dict[str, Any], nodes: tuple[DeviceNode, ...]) -> N
 
 def _add_mounts(mounts: list[Any], edits: ContainerEdits) -> None:
     """Each mount whose destination is free (after dropping those ``replace_mounts`` names)."""
-    if edits.replace_mounts:
-        ours = {m.container_path for m in edits.mounts}
+    replaced = _replaced(edits)
+    if replaced:
         mounts[:] = [
-            m
-            for m in mounts
-            if not (
-                isinstance(m, dict)
-                and m.get("destination") in edits.replace_mounts
-                and m.get("destination") in ours
-            )
+            m for m in mounts if not (isinstance(m, dict) and m.get("destination") in replaced)
         ]
     taken = taken_destinations(mounts, edits)
     for mount in edits.mounts:
@@ -186,25 +180,27 @@ def _remove_prestart_hooks(hooks: dict[str, Any], basenames: tuple[str, ...]) ->
 def device_paths(devices: Any) -> set[str]:
     """The device node paths a spec's ``linux.devices`` holds: apply adds no node at one."""
     listed = devices if isinstance(devices, list) else ()
-    return {d["path"] for d in listed if isinstance(d, dict) and _is_str(d.get("path"))}
+    return {d["path"] for d in listed if isinstance(d, dict) and isinstance(d.get("path"), str)}
 
 
 def taken_destinations(mounts: Any, edits: ContainerEdits) -> set[str]:
     """The mount destinations a spec holds that ``edits`` does not replace: apply adds no mount
     at one."""
-    replaced = set(edits.replace_mounts) & {m.container_path for m in edits.mounts}
+    replaced = _replaced(edits)
     listed = mounts if isinstance(mounts, list) else ()
     return {
         m["destination"]
         for m in listed
         if isinstance(m, dict)
-        and _is_str(m.get("destination"))
+        and isinstance(m.get("destination"), str)
         and m["destination"] not in replaced
     }
 
 
-def _is_str(value: Any) -> bool:
-    return isinstance(value, str)
+def _replaced(edits: ContainerEdits) -> set[str]:
+    """The destinations whose spec mounts give way: named in ``replace_mounts`` and mounted by
+    ``edits`` (a replacement without gpuhook's own mount there removes nothing)."""
+    return set(edits.replace_mounts) & {m.container_path for m in edits.mounts}
 
 
 def _set_env(env: list[Any], entry: str) -> None:

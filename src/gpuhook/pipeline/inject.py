@@ -6,10 +6,9 @@ libraries of its capabilities, bind-mounted read-only under their real names and
 into ``inject.lib_dir`` (a tmpfs, so nothing is written into the image's layer); the driver
 binaries of its capabilities; the firmware and IPC sockets; a createContainer hook that refreshes
 the container's ld.so.cache; ``NVIDIA_VISIBLE_DEVICES`` set to what was granted; and, for
-MPS-shared GPUs, the edits of the :class:`gpuhook.pipeline.sharing.MpsPlan` (pipe directory mount,
-MPS
-env, shm mount). A refused request gets ``NVIDIA_VISIBLE_DEVICES=void`` so that no other NVIDIA
-component acts on it.
+MPS-shared GPUs, the edits of the :class:`gpuhook.pipeline.sharing.MpsPlan` (pipe directory
+mount, MPS env, shm mount). A refused request gets ``NVIDIA_VISIBLE_DEVICES=void`` so that no
+other NVIDIA component acts on it.
 """
 
 from __future__ import annotations
@@ -86,31 +85,32 @@ def edits_for(
         remove_hooks=remove,
         replace_mounts=mps.replace_mounts() if mps is not None else (),
     )
-    return edits if spec is None else without_present(edits, decision, inventory, spec)
+    return edits if spec is None else without_present(edits, decision, inventory, config, spec)
 
 
 def granted_nodes(decision: Decision, inventory: Inventory, config: Config) -> list[DeviceNode]:
     """The device nodes of the granted devices (a MIG device: its GPU's node and caps nodes).
     Raises :class:`MissingDevice`."""
-    nodes: list[DeviceNode] = []
     by_index = {g.index: g for g in inventory.gpus}
-    for ref in decision.devices:
-        gpu = by_index.get(ref.gpu_index)
-        if gpu is None or gpu.node is None:
-            raise MissingDevice(
-                f"device node /dev/nvidia for GPU {ref.gpu_index} ({ref.uuid}) "
-                f"is missing under {config.dev_root}"
-            )
-        nodes.append(gpu.node)
-        if ref.kind == KIND_MIG:
-            mig = gpu.mig_by_uuid(ref.uuid)
-            if mig is None or len(mig.caps) < 2:
-                raise MissingDevice(
-                    f"the nvidia-caps device nodes of MIG device "
-                    f"{ref.display_id} ({ref.uuid}) are missing"
-                )
-            nodes.extend(mig.caps)
-    return nodes
+    return [n for ref in decision.devices for n in _ref_nodes(ref, by_index, config)]
+
+
+def _ref_nodes(ref: DeviceRef, by_index: Mapping[int, Gpu], config: Config) -> list[DeviceNode]:
+    """The device nodes of one granted device. Raises :class:`MissingDevice`."""
+    gpu = by_index.get(ref.gpu_index)
+    if gpu is None or gpu.node is None:
+        raise MissingDevice(
+            f"device node /dev/nvidia for GPU {ref.gpu_index} ({ref.uuid}) "
+            f"is missing under {config.dev_root}"
+        )
+    if ref.kind != KIND_MIG:
+        return [gpu.node]
+    mig = gpu.mig_by_uuid(ref.uuid)
+    if mig is None or len(mig.caps) < 2:
+        raise MissingDevice(
+            f"the nvidia-caps device nodes of MIG device {ref.display_id} ({ref.uuid}) are missing"
+        )
+    return [gpu.node, *mig.caps]
 
 
 def library_mounts(
@@ -173,11 +173,16 @@ def ldcache_hook(config: Config, folders: list[str], rootfs: str = "") -> Hook:
 
 
 def without_present(
-    edits: ContainerEdits, decision: Decision, inventory: Inventory, spec: Mapping[str, Any]
+    edits: ContainerEdits,
+    decision: Decision,
+    inventory: Inventory,
+    config: Config,
+    spec: Mapping[str, Any],
 ) -> ContainerEdits:
     """``edits`` less what the spec already holds, by apply's own rules (a device node path, a
     mount destination; gpuhook's ld.so.cache hook), with ``engine_injected``: the granted
-    devices whose nodes are all there, major and minor included."""
+    devices whose nodes are all there, major and minor included. Raises
+    :class:`MissingDevice` as :func:`granted_nodes` does."""
     from gpuhook.pipeline.apply import device_paths, taken_destinations
 
     present = _spec_nodes(spec)
@@ -189,7 +194,7 @@ def without_present(
     injected = tuple(
         ref.uuid
         for ref in decision.devices
-        if all(_key(n) in present for n in _ref_nodes(ref, by_index))
+        if all(_key(n) in present for n in _ref_nodes(ref, by_index, config))
     )
     return ContainerEdits(
         env=edits.env,
@@ -217,14 +222,6 @@ def _spec_nodes(spec: Mapping[str, Any]) -> set[tuple[Any, Any, Any]]:
         and isinstance(d.get("major"), int)
         and isinstance(d.get("minor"), int)
     }
-
-
-def _ref_nodes(ref: DeviceRef, by_index: Mapping[int, Gpu]) -> list[DeviceNode]:
-    gpu = by_index.get(ref.gpu_index)
-    if gpu is None or gpu.node is None:
-        return []
-    mig = gpu.mig_by_uuid(ref.uuid) if ref.kind == KIND_MIG else None
-    return [gpu.node, *(mig.caps if mig is not None else ())]
 
 
 def _is_ldcache_hook(args: Any) -> bool:

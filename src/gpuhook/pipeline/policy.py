@@ -39,6 +39,7 @@ from gpuhook.model.decision import (
     Reason,
 )
 from gpuhook.model.frozen import Frozen, _init
+from gpuhook.pipeline.identity import CONTAINER, SANDBOX
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
 PRIORITY = (CHANNEL_CDI, CHANNEL_MOUNT, CHANNEL_DOCKER, CHANNEL_ENV)
 CHECKPOINT_CHANNEL = "kubelet-checkpoint"
+NO_REQUEST = "no GPU request in the spec"
 
 
 class Trust(Frozen):
@@ -194,9 +196,9 @@ def _who(kube: KubeIdentity | None) -> str:
 
 def _identity_refusal(kube: KubeIdentity | None) -> Trust | None:
     """A sandbox, or a Kubernetes identity that cannot be trusted: no GPU, whatever the channel."""
-    if kube is None or (kube.container_type == "container" and not kube.problem):
+    if kube is None or (kube.container_type == CONTAINER and not kube.problem):
         return None
-    if kube.container_type == "sandbox":
+    if kube.container_type == SANDBOX:
         return Trust(False, "a pod sandbox never gets GPUs")
     return Trust(False, f"treated as a pod sandbox (no GPU): {kube.problem}")
 
@@ -233,10 +235,7 @@ def decide(
     limit cannot be satisfied."""
     chosen = _chosen(request)
     if chosen is None:
-        return Decision(
-            gpu_container=False,
-            reasons=(Reason("-", "", VERDICT_IGNORED, "no GPU request in the spec"),),
-        )
+        return no_request()
     others = tuple(_superseded(req, chosen) for req in request.channels if req is not chosen)
     checkpoint = Checkpoint(allocation, allocation_error)
     trust = _identity_refusal(request.kubernetes) or _trust(chosen, request, policy, checkpoint)
@@ -263,6 +262,13 @@ def decide(
             reasons=(reason, *others),
         )
     return _grant(chosen, trust, inventory(), capabilities, others)
+
+
+def no_request(why: str = "") -> Decision:
+    """The decision for a spec that asks for no GPU: the container is left alone. ``why``
+    replaces the reason's :data:`NO_REQUEST` (the shim says it did not parse the spec)."""
+    reason = Reason("-", "", VERDICT_IGNORED, why or NO_REQUEST)
+    return Decision(gpu_container=False, reasons=(reason,))
 
 
 def _trust(

@@ -1,8 +1,7 @@
 """OCI spec -> :class:`Request` (pure): what a container asks for, and through which channel.
 
-Nothing here decides trust; that is :mod:`gpuhook.pipeline.policy`.
-The parser is lenient about parts
-of the spec that do not concern GPUs (a malformed spec is runc's to reject) and records
+Nothing here decides trust; that is :mod:`gpuhook.pipeline.policy`. The parser is lenient about
+parts of the spec that do not concern GPUs (a malformed spec is runc's to reject) and records
 malformed GPU requests as ``problems`` instead of raising, so that the policy can refuse an
 untrusted malformed request quietly and fail a trusted one with one line.
 """

@@ -176,16 +176,19 @@ def _resolve_id(gpu_id: str, inventory: Inventory, source: str, key: str) -> lis
     return [found]
 
 
-class _Level:
+class _Level(Frozen):
     """The share keys of one config level (``mps.groups.<name>`` or ``mps``)."""
+
+    __slots__ = ("key", "percentage", "pinned", "replicas")
+    key: str
+    replicas: int | None
+    percentage: int | None
+    pinned: str | None
 
     def __init__(
         self, key: str, replicas: int | None, percentage: int | None, pinned: str | None
     ) -> None:
-        self.key = key
-        self.replicas = replicas
-        self.percentage = percentage
-        self.pinned = pinned
+        _init(self, key=key, replicas=replicas, percentage=percentage, pinned=pinned)
 
 
 def _share(gpus: list[Gpu], levels: list[_Level], source: str) -> tuple[Share, tuple[Share, ...]]:
@@ -238,6 +241,7 @@ def resolve_groups(mps: MpsConfig, inventory: Inventory, source: str) -> tuple[G
     named explicitly (``all`` skips them), or a GPU in two groups."""
     owner: dict[str, str] = {}
     groups: list[Group] = []
+    top = _Level("mps", mps.replicas, mps.active_thread_percentage, mps.pinned_memory_limit)
     for gc in mps.groups:
         key = f"mps.groups.{gc.name}"
         members: dict[str, Gpu] = {}
@@ -254,7 +258,6 @@ def resolve_groups(mps: MpsConfig, inventory: Inventory, source: str) -> tuple[G
         ordered = sorted(members.values(), key=lambda g: g.index)
         if not ordered:
             continue  # "all" on a node where every GPU is in MIG mode
-        top = _Level("mps", mps.replicas, mps.active_thread_percentage, mps.pinned_memory_limit)
         own = _Level(key, gc.replicas, gc.active_thread_percentage, gc.pinned_memory_limit)
         pct, pinned = _share(ordered, [own, top], source)
         groups.append(
@@ -271,7 +274,6 @@ def resolve_groups(mps: MpsConfig, inventory: Inventory, source: str) -> tuple[G
             if gpu.uuid not in owner:
                 singles[gpu.uuid] = gpu
     for gpu in singles.values():
-        top = _Level("mps", mps.replicas, mps.active_thread_percentage, mps.pinned_memory_limit)
         pct, pinned = _share([gpu], [top], source)
         groups.append(
             Group(

@@ -15,10 +15,10 @@ import time
 
 from gpuhook.errors import GpuhookError
 from gpuhook.fsutil import temp_base
+from gpuhook.model.frozen import Frozen, _init
+from gpuhook.records.ids import SUFFIX, link_id
 from gpuhook.records.lookup import (
-    DEFAULT_ROOTS,
     DELETED,
-    SUFFIX,
     UNREADABLE,
     created_at,
     entry_of,
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     StateProbe = Callable[[str, str, str], tuple[bool | None, str]]
 
 GC_GRACE_S = 60.0
+# Where a runtime keeps its containers' state when it is run without --root (as root).
+DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
 
 
 class GcItem:
@@ -121,29 +123,33 @@ def gc(
         names = sorted(os.listdir(folder))
     except FileNotFoundError:
         return GcReport(folder, dry_run, [], 0)
+    run = _Pass(config.runtime, now, grace_s, dry_run, probe)
     items: list[GcItem] = []
     live = 0
     for name in names:
-        item = _judge(folder, name, _Pass(config.runtime, now, grace_s, dry_run, probe))
+        item = _judge(folder, name, run)
         if item is LIVE_ITEM:
             live += 1
         elif item is not None:
             items.append(item)
-    items += _gc_exec_env(config, _Pass(config.runtime, now, grace_s, dry_run, probe))
+    items += _gc_exec_env(config, run)
     return GcReport(folder, dry_run, items, live)
 
 
-class _Pass:
+class _Pass(Frozen):
     """The settings of one gc run."""
+
+    __slots__ = ("dry_run", "grace_s", "now", "probe", "runtime")
+    runtime: str
+    now: float
+    grace_s: float
+    dry_run: bool
+    probe: StateProbe
 
     def __init__(
         self, runtime: str, now: float, grace_s: float, dry_run: bool, probe: StateProbe
     ) -> None:
-        self.runtime = runtime
-        self.now = now
-        self.grace_s = grace_s
-        self.dry_run = dry_run
-        self.probe = probe
+        _init(self, runtime=runtime, now=now, grace_s=grace_s, dry_run=dry_run, probe=probe)
 
 
 LIVE_ITEM = GcItem("", "", False, "alive")  # what _judge returns for a live container
@@ -156,7 +162,7 @@ def _judge(folder: str, name: str, run: _Pass) -> GcItem | None:
         if _age(link, run.now) < run.grace_s:
             return None
         return _remove(link, name, "leftover of an interrupted record write", run.dry_run)
-    if not name.endswith(SUFFIX) or len(name) == len(SUFFIX):
+    if not link_id(name):
         return None
     entry = entry_of(folder, name)
     if entry.state == DELETED:

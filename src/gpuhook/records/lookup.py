@@ -16,6 +16,7 @@ import os
 
 from gpuhook import _fastjson
 from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
+from gpuhook.records.ids import SUFFIX, link_id, link_path, valid_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,12 +24,9 @@ if TYPE_CHECKING:
 
     from gpuhook.config import Config
 
-SUFFIX = ".json"
 LIVE = "live"
 DELETED = "deleted"
 UNREADABLE = "unreadable"
-# Where a runtime keeps its containers' state when it is run without --root (as root).
-DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
 # The --root folders the engines gpuhook registers with give their runtime (docker; containerd's
 # namespaces are the folders under /run/containerd/runc).
 ENGINE_ROOTS = ("/run/docker/runtime-runc/moby",)
@@ -81,7 +79,7 @@ def read_record(path: str) -> dict[str, Any]:
 
 def entry_of(folder: str, name: str) -> Entry:
     """The record link ``name`` of ``folder``: live, deleted (dangling) or unreadable."""
-    container_id = name[: -len(SUFFIX)]
+    container_id = link_id(name)
     link = os.path.join(folder, name)
     try:
         target = os.readlink(link)
@@ -103,7 +101,7 @@ def scan(folder: str) -> list[Entry]:
         names = sorted(os.listdir(folder))
     except FileNotFoundError:
         return []
-    entries = [entry_of(folder, n) for n in names if n.endswith(SUFFIX) and len(n) > len(SUFFIX)]
+    entries = [entry_of(folder, n) for n in names if link_id(n)]
     return sorted(entries, key=lambda e: (created_at(e), e.container_id))
 
 
@@ -131,10 +129,9 @@ def find(config: Config, wanted: str) -> Entry:
     """The live record of a container id, or of the one container whose id starts with
     ``wanted``. RecordNotFoundError / AmbiguousIdError with one line otherwise."""
     folder = config.records_dir
-    if not wanted or "/" in wanted or wanted in (".", ".."):
+    if not valid_id(wanted):  # a prefix of a valid id is one
         raise RecordNotFoundError(f"{wanted!r} is not a container id")
-    exact = os.path.join(folder, wanted + SUFFIX)
-    if os.path.lexists(exact):
+    if os.path.lexists(link_path(folder, wanted)):
         entry = entry_of(folder, wanted + SUFFIX)
         _check_usable(entry)
         return entry
@@ -148,7 +145,7 @@ def find(config: Config, wanted: str) -> Entry:
         ) from None
     except OSError as exc:
         raise RecordNotFoundError(f"cannot list {folder}: {exc.strerror}") from None
-    matches = [entry_of(folder, n) for n in names if n.endswith(SUFFIX) and n.startswith(wanted)]
+    matches = [entry_of(folder, n) for n in names if link_id(n).startswith(wanted)]
     live = [e for e in matches if e.state != DELETED]
     if len(live) == 1:
         _check_usable(live[0])
@@ -165,6 +162,53 @@ def find(config: Config, wanted: str) -> Entry:
     raise RecordNotFoundError(
         f"no decision record for container {wanted!r} in {folder}: {no_record_hint(config)}"
     )
+
+
+def mps_usage(
+    config: Config, exclude_id: str, exclude_bundle: str = ""
+) -> dict[str, tuple[int, int]]:
+    """The MPS pinned memory limits of the live containers: GPU uuid -> (bytes, containers).
+
+    A container is live while its record link resolves: the engine removes the bundle (and the
+    record in it) when it deletes the container, which leaves the link dangling. Only limits
+    marked ``counted`` add up (a container with no limit on a GPU promised nothing). The
+    container being created (``exclude_id``, or the record in ``exclude_bundle`` for a dry run)
+    is left out, so it is not counted twice.
+    """
+    usage: dict[str, tuple[int, int]] = {}
+    try:
+        names = os.listdir(config.records_dir)
+    except OSError:
+        return usage
+    for name in names:
+        container_id = link_id(name)
+        if not container_id or container_id == exclude_id:
+            continue
+        entry = entry_of(config.records_dir, name)
+        if entry.record is None or (
+            exclude_bundle and os.path.dirname(entry.target) == exclude_bundle
+        ):
+            continue  # deleted (a dangling link), unreadable, or the dry run's own
+        for uuid, size in _counted_limits(entry.record):
+            used, count = usage.get(uuid, (0, 0))
+            usage[uuid] = (used + size, count + 1)
+    return usage
+
+
+def _counted_limits(record: dict[str, Any]) -> list[tuple[str, int]]:
+    """A record's counted MPS pinned memory limits: (GPU uuid, bytes) each."""
+    mps = record.get("mps")
+    entries = mps.get("pinned_memory_limits") if isinstance(mps, dict) else None
+    if not isinstance(entries, list):
+        return []
+    out = []
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("counted") is not True:
+            continue
+        uuid, size = entry.get("uuid"), entry.get("bytes")
+        if isinstance(uuid, str) and isinstance(size, int) and size > 0:
+            out.append((uuid, size))
+    return out
 
 
 def candidate_roots(extra: tuple[str, ...] = ()) -> list[str]:

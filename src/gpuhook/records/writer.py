@@ -16,7 +16,7 @@ import time
 
 from gpuhook import __version__, _fastjson
 from gpuhook.fsutil import atomic_write, remove_stale_temps, temp_name
-from gpuhook.records.ids import valid_id
+from gpuhook.records.ids import link_path, valid_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,27 +28,26 @@ if TYPE_CHECKING:
 
 RECORD_NAME = "gpuhook-decision.json"
 RECORD_VERSION = 1
-NO_REQUEST = "no GPU request in the spec"
 
 
 def build(
     container_id: str,
     bundle: str,
-    outcome: Outcome | None,
-    note: str = "",
+    decided: Outcome | Request,
     *,
-    request: Request | None = None,
     runtime: str = "",
     root: str = "",
     config: str = "",
 ) -> dict[str, Any]:
     """The record (its JSON Schema: ``schemas/record.schema.json``).
 
-    ``outcome`` None: nothing was decided because the spec carries no GPU request (``request``
-    is the parsed request; ``note`` may say why). ``runtime`` and ``root`` are the low-level
-    runtime and its ``--root`` (its state folder, "" for its default); ``config`` the gpuhook
-    config file that decided.
+    ``decided``: the outcome of a decided create, or the parsed request of a spec that carries
+    a GPU marker but no GPU request (nothing was decided). ``runtime`` and ``root`` are the
+    low-level runtime and its ``--root`` (its state folder, "" for its default); ``config`` the
+    gpuhook config file that decided.
     """
+    from gpuhook.model.decision import Request
+
     record: dict[str, Any] = {
         "record_version": RECORD_VERSION,
         "container_id": container_id,
@@ -58,28 +57,21 @@ def build(
         "config": config,
         "runtime": {"path": runtime, "root": root},
     }
-    record.update(decided_view(outcome) if outcome is not None else _undecided(request, note))
+    record.update(_undecided(decided) if isinstance(decided, Request) else decided_view(decided))
     return record
 
 
-def _undecided(request: Request | None, note: str) -> dict[str, Any]:
-    kube = request.kubernetes if request is not None else None
-    reason = {"channel": "-", "value": "", "verdict": "ignored", "why": note or NO_REQUEST}
+def _undecided(request: Request) -> dict[str, Any]:
+    from gpuhook.model.edits import ContainerEdits
+    from gpuhook.pipeline.policy import no_request
+
     return {
-        "kubernetes": kube.to_dict() if kube is not None else None,
-        "request": request.to_dict() if request is not None else None,
+        "kubernetes": request.kubernetes.to_dict() if request.kubernetes else None,
+        "request": request.to_dict(),
         "allocation": None,
         "allocation_error": "",
-        "decision": {
-            "gpu_container": False,
-            "devices": [],
-            "driver_only": False,
-            "capabilities": [],
-            "channel": None,
-            "refused": False,
-            "reasons": [reason],
-        },
-        "edits": {"env": [], "deviceNodes": [], "mounts": [], "hooks": []},
+        "decision": no_request().to_dict(),
+        "edits": ContainerEdits().to_dict(),
         "mps": None,  # MPS limits: none without a GPU
         "spec_changed": False,
     }
@@ -111,7 +103,7 @@ def write(config: Config, container_id: str, bundle: str, record: dict[str, Any]
         atomic_write(path, _fastjson.dumps(record).encode(), 0o644, fsync=False)
     except (OSError, ValueError) as exc:
         return f"cannot write decision record {path}: {getattr(exc, 'strerror', None) or exc}"
-    link = os.path.join(config.records_dir, container_id + ".json")
+    link = link_path(config.records_dir, container_id)
     try:
         try:
             os.symlink(path, link)
@@ -134,50 +126,3 @@ def write(config: Config, container_id: str, bundle: str, record: dict[str, Any]
     except OSError as exc:
         return f"cannot link decision record {link}: {exc.strerror}"
     return ""
-
-
-def mps_usage(
-    config: Config, exclude_id: str, exclude_bundle: str = ""
-) -> dict[str, tuple[int, int]]:
-    """The MPS pinned memory limits of the live containers: GPU uuid -> (bytes, containers).
-
-    A container is live while its record link resolves: the engine removes the bundle (and the
-    record in it) when it deletes the container, which leaves the link dangling. Only limits
-    marked ``counted`` add up (a container with no limit on a GPU promised nothing). The
-    container being created (``exclude_id``, or the record in ``exclude_bundle`` for a dry run)
-    is left out, so it is not counted twice.
-    """
-    usage: dict[str, tuple[int, int]] = {}
-    folder = config.records_dir
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return usage
-    skip = exclude_id + ".json"
-    for name in names:
-        if not name.endswith(".json") or name == skip:
-            continue
-        link = os.path.join(folder, name)
-        if exclude_bundle:
-            try:
-                if os.path.dirname(os.readlink(link)) == exclude_bundle:
-                    continue
-            except OSError:
-                pass
-        try:
-            with open(link, "rb") as fh:
-                record = _fastjson.loads(fh.read())
-        except (OSError, ValueError):
-            continue  # dangling link (the container is gone) or unreadable
-        mps = record.get("mps") if isinstance(record, dict) else None
-        entries = mps.get("pinned_memory_limits") if isinstance(mps, dict) else None
-        if not isinstance(entries, list):
-            continue
-        for entry in entries:
-            if not isinstance(entry, dict) or entry.get("counted") is not True:
-                continue
-            uuid, size = entry.get("uuid"), entry.get("bytes")
-            if isinstance(uuid, str) and isinstance(size, int) and size > 0:
-                used, count = usage.get(uuid, (0, 0))
-                usage[uuid] = (used + size, count + 1)
-    return usage

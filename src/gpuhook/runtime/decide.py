@@ -62,9 +62,9 @@ def mps_usage_of(config: Config, exclude_bundle: str = "") -> MpsUsageSource:
     ``shim._MpsUsage``, leaves out the container being created by id)."""
 
     def usage() -> Mapping[str, tuple[int, int]]:
-        from gpuhook.records import writer
+        from gpuhook.records import lookup
 
-        return writer.mps_usage(config, "", exclude_bundle)
+        return lookup.mps_usage(config, "", exclude_bundle)
 
     return usage
 

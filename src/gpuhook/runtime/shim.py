@@ -216,7 +216,7 @@ def _create_full(
     if config is None or not req.channels:
         if config is not None:
             _log_no_request(args, bundle, req, "")
-            unwritten = _record(config, args, bundle, None, request=req)
+            unwritten = _record(config, args, bundle, req)
             if unwritten:
                 _logger(args, bundle).warning("record not written", error=unwritten)
         return _exec_configured(config, argv, args, execute)
@@ -302,7 +302,7 @@ class _MpsUsage:
     def __call__(self) -> dict[str, tuple[int, int]]:
         from gpuhook.errors import MpsError
         from gpuhook.fsutil import FileLock
-        from gpuhook.records import writer
+        from gpuhook.records import lookup
 
         if self.lock is None:
             lock = FileLock(os.path.join(self.config.state_dir, "mps-usage.lock"), timeout=30.0)
@@ -315,7 +315,7 @@ class _MpsUsage:
             except OSError as exc:
                 raise MpsError(f"cannot lock {lock.path}: {exc.strerror}") from None
             self.lock = lock
-        return writer.mps_usage(self.config, self.container_id)
+        return lookup.mps_usage(self.config, self.container_id)
 
     def release(self) -> None:
         lock = self.lock
@@ -330,22 +330,19 @@ def _configure_log(config: Config) -> None:
     log.configure(config.log_level, config.log_file)
 
 
-def _record(
-    config: Config, args: RuntimeArgs, bundle: str, outcome: Outcome | None, **kw: Any
-) -> str:
-    """Write the decision record; "" on success, else the one-line failure (never raises: a
-    record must never block a container)."""
+def _record(config: Config, args: RuntimeArgs, bundle: str, decided: Outcome | Request) -> str:
+    """Write the decision record of an outcome, or of a request for no GPU; "" on success, else
+    the one-line failure (never raises: a record must never block a container)."""
     from gpuhook.records import writer
 
     try:
         record = writer.build(
             args.container_id,
             bundle,
-            outcome,
+            decided,
             runtime=config.runtime,
             root=args.root,
             config=config.source,
-            **kw,
         )
         return writer.write(config, args.container_id, bundle, record)
     except Exception as exc:
@@ -359,17 +356,16 @@ def _log_no_request(args: RuntimeArgs, bundle: str, req: Request | None, note: s
 
     if not log.debug_enabled():
         return
-    from gpuhook.records import writer
+    from gpuhook.pipeline import policy
 
+    decision = policy.no_request(note)
     _logger(args, bundle).debug(
         "decision",
-        gpu_container=False,
-        channel=None,
+        gpu_container=decision.gpu_container,
+        channel=decision.channel,
         devices=[],
-        refused=False,
-        reasons=[
-            {"channel": "-", "value": "", "verdict": "ignored", "why": note or writer.NO_REQUEST}
-        ],
+        refused=decision.refused,
+        reasons=[r.to_dict() for r in decision.reasons],
         kubernetes=req.kubernetes.to_dict() if req is not None and req.kubernetes else None,
         spec_changed=False,
     )
