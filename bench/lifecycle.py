@@ -265,6 +265,7 @@ def make_node(
     with open(os.path.join(folder, "node.json")) as fh:
         truth: dict[str, Any] = json.load(fh)
     config = os.path.join(folder, "bench-config.yaml")
+    cdi_dir = os.path.join(folder, "cdi")  # never the host's CDI folders
     for path, socket in ((config, service), (os.path.join(folder, "bench-python.yaml"), "")):
         with open(path, "w") as fh:
             fh.write(
@@ -275,6 +276,8 @@ def make_node(
                 f"runtime:\n  path: {json.dumps(runc)}\n  service: {json.dumps(socket)}\n"
                 f"log:\n  level: info\n  file: {json.dumps(truth['log_file'])}\n"
                 f"hook:\n  path: {json.dumps(hook)}\n"
+                f"cdi:\n  output: {json.dumps(os.path.join(cdi_dir, 'gpuhook-nvidia.json'))}\n"
+                f"  spec_dirs: [{json.dumps(cdi_dir)}]\n"
                 "policy:\n  kubernetes:\n    env_requests: verify\n"
                 f"    checkpoint: {json.dumps(checkpoint)}\n"
             )

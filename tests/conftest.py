@@ -22,7 +22,7 @@ import testbed  # noqa: E402
 FAKE_NODE = REPO / "tools" / "fake-node"
 
 # root/slow tests skip when not root, except in CI, where any skip fails the run
-pytest_plugins = ["tests.required"]
+pytest_plugins = ["tests.required", "tests.hostguard"]
 
 
 def mps_daemons_under(root: Path) -> list[int]:

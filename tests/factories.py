@@ -104,6 +104,7 @@ def inventory(gpus: int = 8, mig: dict[int, int] | None = None) -> Inventory:
 
 def config(**overrides: Any) -> Config:
     data = config_mod._merge(config_mod.DEFAULTS, {})
+    data["cdi"]["spec_dirs"] = []  # never the host's CDI folders (cdi__spec_dirs to set some)
     for dotted, value in overrides.items():
         node = data
         parts = dotted.split("__")

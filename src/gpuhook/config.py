@@ -57,7 +57,11 @@ DEFAULTS: dict[str, Any] = {
         "default_capabilities": ["compute", "utility"],
     },
     "hook": {"path": None, "ldconfig": "/sbin/ldconfig"},  # path None: beside gpuhook-runtime
-    "cdi": {"output": "/var/run/cdi/gpuhook-nvidia.json", "capabilities": []},
+    "cdi": {
+        "output": "/var/run/cdi/gpuhook-nvidia.json",
+        "capabilities": [],
+        "spec_dirs": ["/etc/cdi", "/var/run/cdi"],
+    },
     "policy": {
         "kubernetes": {
             "env_requests": "verify",
@@ -292,6 +296,11 @@ class Config(Frozen):
         if self.data["hook"]["path"]:
             return f"hook.path in {self.source}"
         return default_hook_path()[1]
+
+    @property
+    def cdi_spec_dirs(self) -> tuple[str, ...]:
+        """The CDI spec folders the node's engines read, lowest priority first (cold code)."""
+        return tuple(self.data["cdi"]["spec_dirs"])
 
     @property
     def records_dir(self) -> str:

@@ -263,3 +263,48 @@ def test_an_mps_daemon_down(
         "granted these GPUs are refused; fix: gpuhook mps start gpu1 (or: systemctl start "
         "gpuhook-mps@gpu1)",
     )
+
+
+def test_another_cdi_spec_of_the_same_devices(
+    fake_node_factory: Any, engines: Engines, tmp_path: Path
+) -> None:
+    """nvidia-ctk's spec in a CDI folder the engines read, beside gpuhook's: engines refuse both
+    (podman 4.3 here: "conflicting device"). The refresh does not write gpuhook's, and says why;
+    doctor fails with the fix; `cdi generate --output` refuses."""
+    node: FakeNode = fake_node_factory("--gpus", "2")
+    spec_dir = tmp_path / "run-cdi"
+    spec_dir.mkdir()
+    ours = spec_dir / "gpuhook-nvidia.json"
+    theirs = spec_dir / "nvidia.yaml"
+    theirs.write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
+        "- {name: '0', containerEdits: {deviceNodes: [{path: /dev/nvidia0}]}}\n"
+        "containerEdits: {}\n"
+    )
+    env = healthy_env(node, tmp_path, cdi={"output": str(ours), "spec_dirs": [str(spec_dir)]})
+    out = node.gpuhook("inventory", "refresh", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "CDI spec" not in out.stdout and not ours.exists()
+    assert out.stderr.splitlines() == [
+        f"warning: {ours} not written: {theirs} also defines nvidia.com/gpu=0: engines that "
+        "read both refuse these devices (conflicting device)",
+        "fix: keep one spec of kind nvidia.com/gpu: remove the other (nvidia-ctk's nvidia.yaml: "
+        'also stop its nvidia-cdi-refresh service), or set cdi.output to "" in gpuhook\'s config',
+    ]
+    code, lines = doctor(node, env, engines)
+    assert code == 1
+    assert lines["cdi"][0] == "FAIL"
+    assert lines["cdi"][1].startswith(f"{theirs} also defines nvidia.com/gpu=0: engines")
+    assert lines["cdi"][1].endswith("fix: keep one spec of kind nvidia.com/gpu: remove the "
+                                    "other (nvidia-ctk's nvidia.yaml: also stop its "
+                                    'nvidia-cdi-refresh service), or set cdi.output to "" in '
+                                    "gpuhook's config")  # fmt: skip
+    out = node.gpuhook("cdi", "generate", "--output", str(ours), env=env)
+    assert out.returncode == 1 and not ours.exists()
+    assert out.stderr.startswith(f"gpuhook: {ours} not written: {theirs} also defines")
+    theirs.unlink()
+    out = node.gpuhook("inventory", "refresh", env=env)
+    assert out.returncode == 0 and f"{ours}: CDI spec (kind nvidia.com/gpu) regenerated" in (
+        out.stdout
+    )
+    assert doctor(node, env, engines)[1]["cdi"][0] == "PASS"

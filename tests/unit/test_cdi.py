@@ -111,10 +111,54 @@ def test_write_is_validated_and_reads_back_as_json_or_yaml(tmp_path: Path) -> No
 
 
 def test_export_follows_cdi_output(tmp_path: Path) -> None:
-    assert cdi.export(f.inventory(1), f.config(cdi__output="")) == ""
+    assert cdi.export(f.inventory(1), f.config(cdi__output="")) == ("", [])
     path = str(tmp_path / "spec.json")
-    assert cdi.export(f.inventory(1), f.config(cdi__output=path)) == path
+    assert cdi.export(f.inventory(1), f.config(cdi__output=path)) == (path, [])
     assert cdi.load(path)["kind"] == "nvidia.com/gpu"
+    assert cdi.export(f.inventory(1), f.config(cdi__output=path)) == (path, [])  # itself: fine
+
+
+NVIDIA_CTK_SPEC = """cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+- name: "0"
+  containerEdits: {deviceNodes: [{path: /dev/nvidia0}]}
+- name: all
+  containerEdits: {deviceNodes: [{path: /dev/nvidia0}]}
+containerEdits: {}
+"""
+
+
+def test_another_spec_of_the_same_devices_is_a_conflict_and_nothing_is_written(
+    tmp_path: Path,
+) -> None:
+    """nvidia-ctk's spec beside gpuhook's: engines refuse both ('conflicting device')."""
+    run_cdi, etc_cdi = tmp_path / "run-cdi", tmp_path / "etc-cdi"
+    run_cdi.mkdir()
+    etc_cdi.mkdir()
+    (run_cdi / "nvidia.yaml").write_text(NVIDIA_CTK_SPEC)
+    (run_cdi / "rdma.json").write_text('{"cdiVersion": "0.5.0", "kind": "nvidia.com/net-rdma", '
+                                       '"devices": [{"name": "0", "containerEdits": {}}]}')
+    (run_cdi / "broken.json").write_text("{")  # engines skip it; so does the check
+    output = run_cdi / "gpuhook-nvidia.json"
+    config = f.config(cdi__output=str(output), cdi__spec_dirs=[str(etc_cdi), str(run_cdi)])
+    written, found = cdi.export(f.inventory(1), config)
+    assert written == "" and not output.exists()
+    assert [(c.path, c.names, c.same_folder) for c in found] == [
+        (str(run_cdi / "nvidia.yaml"), ("0", "all"), True)
+    ]
+    assert found[0].line() == (
+        f"{run_cdi / 'nvidia.yaml'} also defines nvidia.com/gpu=0, nvidia.com/gpu=all: engines "
+        "that read both refuse these devices (conflicting device)"
+    )
+    (run_cdi / "nvidia.yaml").rename(etc_cdi / "nvidia.yaml")  # another folder: one hides the other
+    written, found = cdi.export(f.inventory(1), config)
+    assert written == "" and [(c.path, c.same_folder) for c in found] == [
+        (str(etc_cdi / "nvidia.yaml"), False)
+    ]
+    assert "hide the other's" in found[0].line()
+    (etc_cdi / "nvidia.yaml").unlink()
+    assert cdi.export(f.inventory(1), config) == (str(output), [])
 
 
 def _engine_applied(spec: dict[str, Any], *names: str) -> dict[str, Any]:

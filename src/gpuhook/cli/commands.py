@@ -16,7 +16,7 @@ from gpuhook import config as config_mod
 from gpuhook.cli.render import FORMATS, to_json, to_yaml
 from gpuhook.engines import readers
 from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH, unified_diff
-from gpuhook.errors import RecordNotFoundError, UsageError, describe
+from gpuhook.errors import CdiError, RecordNotFoundError, UsageError, describe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -122,15 +122,21 @@ def inventory_group() -> None:
     """The node inventory (GPUs from NVML, driver files, device nodes)."""
 
 
-def _refresh(config: Config) -> Inventory:
+def _refresh(config: Config) -> tuple[Inventory, str]:
     """Refresh the inventory and, when ``cdi.output`` is set, the CDI spec made from it (every
-    refresh a person asks for; the lazy one of the create path leaves the spec)."""
+    refresh a person asks for; the lazy one of the create path leaves the spec). A spec that
+    would name the same devices as another spec in ``cdi.spec_dirs`` is not written: a warning
+    line says which and what to do."""
     from gpuhook.engines import cdi
     from gpuhook.inventory import store
 
     inventory = store.refresh(config)
-    cdi.export(inventory, config)
-    return inventory
+    written, found = cdi.export(inventory, config)
+    for conflict in found:
+        click.echo(f"warning: {config.cdi_output} not written: {conflict.line()}", err=True)
+    if found:
+        click.echo(f"fix: {cdi.CONFLICT_FIX}", err=True)
+    return inventory, written
 
 
 @inventory_group.command("refresh")
@@ -139,7 +145,7 @@ def inventory_refresh(obj: Context) -> None:
     """Query NVML, scan the driver root and write the inventory file (and the CDI spec at
     cdi.output when one is configured)."""
     config = obj.config()
-    inv = _refresh(config)
+    inv, cdi_written = _refresh(config)
     migs = sum(len(g.mig_devices) for g in inv.gpus)
     mig_gpus = sum(1 for g in inv.gpus if g.mig_enabled)
     log.get_logger().info(
@@ -154,8 +160,8 @@ def inventory_refresh(obj: Context) -> None:
         f"{migs} MIG devices), driver {inv.driver_version}, {len(inv.libraries)} "
         f"libraries"
     )
-    if config.cdi_output:
-        click.echo(f"{config.cdi_output}: CDI spec (kind nvidia.com/gpu) regenerated")
+    if cdi_written:
+        click.echo(f"{cdi_written}: CDI spec (kind nvidia.com/gpu) regenerated")
     for warning in inv.warnings:
         click.echo(f"warning: {warning}", err=True)
 
@@ -195,6 +201,9 @@ def cdi_generate(obj: Context, path: str | None, fmt: str | None) -> None:
         cdi.validate(data)
         click.echo(cdi.render(data, fmt or "json").decode(), nl=False)
         return
+    found = cdi.conflicts(data, path, config.cdi_spec_dirs)
+    if found:
+        raise CdiError(f"{path} not written: {found[0].line()}; {cdi.CONFLICT_FIX}")
     cdi.write(data, path, fmt)
     click.echo(f"{path}: {len(data['devices'])} CDI devices of kind {cdi.KIND}", err=True)
 

@@ -587,6 +587,12 @@ def check_cdi(node: Node) -> Result:
     inventory = node.inventory()
     if inventory is None:
         return Result("cdi", SKIP, "no inventory: the CDI spec cannot be compared with it")
+    from gpuhook.engines import cdi
+
+    found = cdi.conflicts(cdi.spec(inventory, config), path, config.cdi_spec_dirs)
+    if found:
+        more = f" (and {len(found) - 1} more spec)" if len(found) > 1 else ""
+        return Result("cdi", FAIL, f"{found[0].line()}{more}", cdi.CONFLICT_FIX)
     fix = "gpuhook inventory refresh"
     problem = _cdi_problem(path, inventory, config)
     if problem:

@@ -170,9 +170,86 @@ def write(data: dict[str, Any], path: str, fmt: str | None = None) -> None:
         raise CdiError(f"cannot write CDI spec {path}: {exc.strerror}") from None
 
 
-def export(inventory: Inventory, config: Config) -> str:
-    """Regenerate the spec at ``cdi.output``; the path written, "" when none is configured."""
+class Conflict(NamedTuple):
+    """Another CDI spec in the engines' folders that names some of the same devices."""
+
+    path: str
+    names: tuple[str, ...]  # the device names both specs define, of kind nvidia.com/gpu
+    same_folder: bool  # True: engines refuse both; False: the later folder's spec hides the other
+
+    def line(self) -> str:
+        shown = ", ".join(f"{KIND}={n}" for n in self.names[:3])
+        more = f" and {len(self.names) - 3} more" if len(self.names) > 3 else ""
+        if self.same_folder:
+            what = "engines that read both refuse these devices (conflicting device)"
+        else:
+            what = "engines take the spec of the later folder of cdi.spec_dirs and hide the other's"
+        return f"{self.path} also defines {shown}{more}: {what}"
+
+
+CONFLICT_FIX = (
+    "keep one spec of kind nvidia.com/gpu: remove the other (nvidia-ctk's nvidia.yaml: also stop "
+    "its nvidia-cdi-refresh service), or set cdi.output to \"\" in gpuhook's config"
+)
+
+
+def conflicts(data: dict[str, Any], output: str, folders: Iterable[str]) -> list[Conflict]:
+    """The spec files in ``folders`` (and in ``output``'s own folder) other than ``output`` whose
+    devices of kind nvidia.com/gpu share a name with ``data``'s. Unreadable files are skipped, as
+    engines skip them."""
+    ours = {d["name"] for d in data["devices"]}
+    home = os.path.realpath(os.path.dirname(os.path.abspath(output)))
+    target = os.path.realpath(output)
+    found = []
+    for folder in _unique_real([*folders, home]):
+        for path in _spec_files(folder):
+            if os.path.realpath(path) == target:
+                continue
+            names = ours & _device_names(path)
+            if names:
+                found.append(Conflict(path, tuple(sorted(names)), folder == home))
+    return found
+
+
+def _unique_real(folders: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for folder in folders:
+        real = os.path.realpath(folder)
+        if real not in out:
+            out.append(real)
+    return out
+
+
+def _spec_files(folder: str) -> list[str]:
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    return [os.path.join(folder, n) for n in names if n.endswith((".json", ".yaml", ".yml"))]
+
+
+def _device_names(path: str) -> set[str]:
+    """The device names of a spec of kind nvidia.com/gpu (empty for another kind or a bad file)."""
+    try:
+        other = load(path)
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(other, dict) or other.get("kind") != KIND:
+        return set()
+    listed = other.get("devices")
+    entries = listed if isinstance(listed, list) else []
+    return {d["name"] for d in entries if isinstance(d, dict) and isinstance(d.get("name"), str)}
+
+
+def export(inventory: Inventory, config: Config) -> tuple[str, list[Conflict]]:
+    """Regenerate the spec at ``cdi.output`` unless another spec in ``cdi.spec_dirs`` names the
+    same devices (then nothing is written, and the conflicts say why). Returns the path written
+    ("" when none) and the conflicts."""
     if not config.cdi_output:
-        return ""
-    write(spec(inventory, config), config.cdi_output)
-    return config.cdi_output
+        return "", []
+    data = spec(inventory, config)
+    found = conflicts(data, config.cdi_output, config.cdi_spec_dirs)
+    if found:
+        return "", found
+    write(data, config.cdi_output)
+    return config.cdi_output, []
