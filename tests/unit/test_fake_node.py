@@ -343,7 +343,10 @@ def test_driver_files(built: Built) -> None:
         },
         "log": {"level": "debug", "file": t["log_file"]},
         "hook": {"path": str(REPO / ".venv/bin/gpuhook"), "ldconfig": "/sbin/ldconfig"},
-        "cdi": {"output": os.path.join(os.path.dirname(t["config"]), "cdi", "gpuhook-nvidia.json")},
+        "cdi": {
+            "output": os.path.join(os.path.dirname(t["config"]), "cdi", "gpuhook-nvidia.json"),
+            "spec_dirs": [os.path.join(os.path.dirname(t["config"]), "cdi")],
+        },
     }
     assert os.path.isabs(t["runtime"])
     assert Path(t["state_dir"]).is_dir() and not os.listdir(t["state_dir"])
