@@ -7,6 +7,7 @@ from typing import Any
 from gpuhook import config as config_mod
 from gpuhook.config import Config
 from gpuhook.model.inventory import DeviceNode, Gpu, HostFile, Inventory, Library, MigDevice
+from gpuhook.pipeline.request import PRIVILEGED_CAPS
 
 
 def gpu_uuid(i: int) -> str:
@@ -121,7 +122,9 @@ def spec(
     privileged: bool = False,
     hooks: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    caps = ["CAP_CHOWN", "CAP_KILL"] + (["CAP_SYS_ADMIN"] if privileged else [])
+    caps = ["CAP_CHOWN", "CAP_KILL"] + (list(PRIVILEGED_CAPS) if privileged else [])
+    # what engines write: a privileged container's device cgroup is open to every device
+    rule = {"allow": True, "access": "rwm"} if privileged else {"allow": False, "access": "rwm"}
     out: dict[str, Any] = {
         "ociVersion": "1.0.2",
         "process": {
@@ -131,7 +134,7 @@ def spec(
         },
         "root": {"path": "rootfs"},
         "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}, *(mounts or [])],
-        "linux": {"resources": {"devices": [{"allow": False, "access": "rwm"}]}},
+        "linux": {"resources": {"devices": [rule]}},
         "x-unknown-key": {"kept": [1, 2, 3]},
     }
     if annotations:

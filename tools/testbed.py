@@ -117,6 +117,60 @@ def base_spec(scratch: str) -> dict[str, Any]:
     return spec
 
 
+# Linux capability numbers 0..40 (linux/capability.h), for reading a bounding set.
+CAPABILITIES = [
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "DAC_READ_SEARCH",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETPCAP",
+    "LINUX_IMMUTABLE",
+    "NET_BIND_SERVICE",
+    "NET_BROADCAST",
+    "NET_ADMIN",
+    "NET_RAW",
+    "IPC_LOCK",
+    "IPC_OWNER",
+    "SYS_MODULE",
+    "SYS_RAWIO",
+    "SYS_CHROOT",
+    "SYS_PTRACE",
+    "SYS_PACCT",
+    "SYS_ADMIN",
+    "SYS_BOOT",
+    "SYS_NICE",
+    "SYS_RESOURCE",
+    "SYS_TIME",
+    "SYS_TTY_CONFIG",
+    "MKNOD",
+    "LEASE",
+    "AUDIT_WRITE",
+    "AUDIT_CONTROL",
+    "SETFCAP",
+    "MAC_OVERRIDE",
+    "MAC_ADMIN",
+    "SYSLOG",
+    "WAKE_ALARM",
+    "BLOCK_SUSPEND",
+    "AUDIT_READ",
+    "PERFMON",
+    "BPF",
+    "CHECKPOINT_RESTORE",
+]
+
+
+def host_capabilities() -> list[str]:
+    """The capabilities of this process's bounding set (what an engine on this host grants a
+    privileged container: this VM's root lacks CAP_SYS_RESOURCE)."""
+    with open("/proc/self/status") as fh:
+        mask = int(next(line for line in fh if line.startswith("CapBnd:")).split()[1], 16)
+    return [f"CAP_{name}" for bit, name in enumerate(CAPABILITIES) if mask >> bit & 1]
+
+
 def make_bundle(
     bundle: str,
     rootfs_template: str,
@@ -127,8 +181,12 @@ def make_bundle(
     privileged: bool = False,
     hooks: Mapping[str, Any] | None = None,
     spec_template: dict[str, Any] | None = None,
+    add_caps: Sequence[str] = (),
 ) -> str:
-    """An OCI bundle with its own copy of the rootfs (runc creates mount targets in it)."""
+    """An OCI bundle with its own copy of the rootfs (runc creates mount targets in it).
+    ``privileged``: as engines write a privileged container (every capability this host's
+    bounding set has, the device cgroup open); ``add_caps``: capabilities added to an
+    unprivileged one (a pod's securityContext.capabilities.add)."""
     os.makedirs(bundle, exist_ok=True)
     rootfs = os.path.join(bundle, "rootfs")
     if not os.path.exists(rootfs):
@@ -141,11 +199,12 @@ def make_bundle(
     if annotations:
         spec["annotations"] = dict(annotations)
     spec["mounts"] = list(spec.get("mounts", [])) + [dict(m) for m in mounts]
-    if privileged:
-        caps = spec["process"]["capabilities"]
-        for key in caps:
-            if "CAP_SYS_ADMIN" not in caps[key]:
-                caps[key].append("CAP_SYS_ADMIN")
+    caps = spec["process"]["capabilities"]
+    for key in caps:
+        wanted = host_capabilities() if privileged else add_caps
+        caps[key] += [c for c in wanted if c not in caps[key]]
+    if privileged:  # as engines write it: every capability, the device cgroup open to all
+        spec["linux"].setdefault("resources", {})["devices"] = [{"allow": True, "access": "rwm"}]
     if hooks:
         spec["hooks"] = dict(hooks)
     with open(os.path.join(bundle, "config.json"), "w") as fh:

@@ -33,22 +33,42 @@ class _Context:
 
     strict = True
     object_hook = None
-    object_pairs_hook = None
+    object_pairs_hook: Callable[[list[tuple[str, object]]], object] | None = None
     parse_float = float
     parse_int = int
     parse_constant = staticmethod(_refuse_constant)
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """An object whose keys are all different. Go's encoding/json, which runc decodes with,
+    merges a repeated object into the first, where Python keeps only the last: a spec with a
+    repeated key would be read differently by the two."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise JsonError(f"the key {repeated!r} appears twice in one object")
+    return out
+
+
+class _UniqueContext(_Context):
+    object_pairs_hook = staticmethod(_unique_keys)
 
 
 try:
     import _json
 
     _scanner: Callable[[str, int], tuple[object, int]] = _json.make_scanner(_Context())  # type: ignore[arg-type]
+    _unique_scanner: Callable[[str, int], tuple[object, int]] = _json.make_scanner(
+        _UniqueContext()  # type: ignore[arg-type]
+    )
     _encoder: Callable[[object, int], list[str] | tuple[str, ...]] = _json.make_encoder(
         None, _no_default, _json.encode_basestring_ascii, None, ":", ",", False, False, False
     )
 
-    def loads(data: str | bytes) -> object:
-        """Parse one JSON document; raise :class:`JsonError` when it is not valid JSON."""
+    def loads(data: str | bytes, unique_keys: bool = False) -> object:
+        """Parse one JSON document; raise :class:`JsonError` when it is not valid JSON, or with
+        ``unique_keys`` when an object holds a key twice."""
         if isinstance(data, bytes):
             try:
                 text = data.decode("utf-8")
@@ -58,7 +78,9 @@ try:
             text = data
         start = len(text) - len(text.lstrip(_WS))
         try:
-            obj, end = _scanner(text, start)
+            obj, end = (_unique_scanner if unique_keys else _scanner)(text, start)
+        except JsonError:
+            raise
         except StopIteration as stop:
             raise JsonError(f"expecting a value at char {stop.value}") from None
         except RecursionError:
@@ -91,9 +113,12 @@ try:
 except ImportError:  # pragma: no cover - CPython always ships _json
     import json as _stdjson
 
-    def loads(data: str | bytes) -> object:
+    def loads(data: str | bytes, unique_keys: bool = False) -> object:
+        hook = _unique_keys if unique_keys else None
         try:
-            return _stdjson.loads(data, parse_constant=_refuse_constant)
+            return _stdjson.loads(data, parse_constant=_refuse_constant, object_pairs_hook=hook)
+        except JsonError:
+            raise
         except (ValueError, RecursionError) as exc:
             raise JsonError(str(exc)) from None
 

@@ -32,6 +32,10 @@ ENV_DEBUG = "GPUHOOK_DEBUG"
 CACHE_ROOT = "/run/gpuhook/config"
 KUBELET_DIR_DEFAULT = "/var/lib/kubelet"
 CHECKPOINT_IN_KUBELET_DIR = "device-plugins/kubelet_internal_checkpoint"
+# The device plugin's GPU resources: whole GPUs, their shared (time-slicing, MPS) renames and MIG
+# profiles. A name ending in "*" matches every name it begins. Other resources of the checkpoint
+# (nvidia.com/rdma_shared_device_a, say) are never GPUs.
+GPU_RESOURCES_DEFAULT = ("nvidia.com/gpu", "nvidia.com/gpu.*", "nvidia.com/mig-*")
 POINTER_NAME = "runtime"
 # A cache file names what root execs: one with any of these mode bits set (group- or
 # world-writable) is never acted on, nor a symbolic link, nor a file owned by anyone but root or
@@ -67,6 +71,7 @@ DEFAULTS: dict[str, Any] = {
             "env_requests": "verify",
             "kubelet_dir": KUBELET_DIR_DEFAULT,
             "checkpoint": "",
+            "gpu_resources": list(GPU_RESOURCES_DEFAULT),
         },
         "standalone": {"env_requests": "trust"},
     },
@@ -93,11 +98,18 @@ class PolicyConfig(Frozen):
     """``policy.*``. ``checkpoint`` is the kubelet checkpoint's path: the configured one, or
     ``<kubelet_dir>/device-plugins/kubelet_internal_checkpoint`` when the key is empty."""
 
-    __slots__ = ("checkpoint", "kubelet_dir", "kubernetes_env_requests", "standalone_env_requests")
+    __slots__ = (
+        "checkpoint",
+        "gpu_resources",
+        "kubelet_dir",
+        "kubernetes_env_requests",
+        "standalone_env_requests",
+    )
     kubernetes_env_requests: str
     checkpoint: str
     standalone_env_requests: str
     kubelet_dir: str
+    gpu_resources: tuple[str, ...]
 
     def __init__(
         self,
@@ -105,6 +117,7 @@ class PolicyConfig(Frozen):
         checkpoint: str,
         standalone_env_requests: str,
         kubelet_dir: str = KUBELET_DIR_DEFAULT,
+        gpu_resources: tuple[str, ...] = GPU_RESOURCES_DEFAULT,
     ) -> None:
         _init(
             self,
@@ -112,6 +125,13 @@ class PolicyConfig(Frozen):
             checkpoint=checkpoint or os.path.join(kubelet_dir, CHECKPOINT_IN_KUBELET_DIR),
             standalone_env_requests=standalone_env_requests,
             kubelet_dir=kubelet_dir,
+            gpu_resources=tuple(gpu_resources),
+        )
+
+    def is_gpu_resource(self, name: str) -> bool:
+        """Whether a device plugin resource of the checkpoint names GPUs (``gpu_resources``)."""
+        return any(
+            name.startswith(p[:-1]) if p.endswith("*") else name == p for p in self.gpu_resources
         )
 
 
@@ -281,6 +301,7 @@ class Config(Frozen):
                 pol["kubernetes"]["checkpoint"],
                 pol["standalone"]["env_requests"],
                 pol["kubernetes"]["kubelet_dir"],
+                tuple(pol["kubernetes"]["gpu_resources"]),
             ),
             mps=MpsConfig(data["mps"]),
         )

@@ -13,6 +13,7 @@ PRECHECK_MARKERS = (
     b"cdi.k8s.io",
     b"nvidia-container-devices",
     b"nvidia-container-runtime-hook",
+    b"nvidia-container-toolkit",  # the legacy hooks.d hook: `nvidia-container-toolkit prestart`
 )
 UNICODE_ESCAPE = b"\\u"
 

@@ -164,7 +164,7 @@ def test_unknown_gpu_fails_docker_run_with_gpuhooks_line(docker: Docker) -> None
     seen = docker.run("--gpus", "device=9")
     assert seen["returncode"] != 0
     line = (
-        "gpuhook: docker --gpus (nvidia-container-runtime-hook prestart hook): "
+        "gpuhook: docker --gpus (NVIDIA's prestart hook); env NVIDIA_VISIBLE_DEVICES: "
         "unknown GPU index 9 (this node has GPUs 0-7)"
     )
     assert line in seen["stderr"], docker.why(seen)

@@ -108,7 +108,7 @@ SCENARIOS: list[tuple[str, str, dict[str, Any], list[str] | None, str | None, st
         None,
         "env",
         "refused",
-        "no nvidia.com/* devices are allocated to pod ml/trainer (uid pod-uid-1) container "
+        "no GPU resource is allocated to pod ml/trainer (uid pod-uid-1) container "
         "'main' in the kubelet checkpoint",
     ),
     (
@@ -136,7 +136,7 @@ SCENARIOS: list[tuple[str, str, dict[str, Any], list[str] | None, str | None, st
         None,
         "env",
         "refused",
-        "no nvidia.com/* devices are allocated to pod ml/trainer (uid pod-uid-1) container 'init'",
+        "no GPU resource is allocated to pod ml/trainer (uid pod-uid-1) container 'init'",
     ),
     (
         "pod-sandbox",
@@ -157,7 +157,7 @@ SCENARIOS: list[tuple[str, str, dict[str, Any], list[str] | None, str | None, st
         [str(i) for i in range(8)],
         "env",
         "granted",
-        "privileged container (CAP_SYS_ADMIN in the bounding set)",
+        "privileged container (every capability, the device cgroup open to all devices)",
     ),
     (
         "standalone-all-trust",

@@ -78,7 +78,7 @@ def test_inspect_pod_lists_each_container_with_its_decision(
     main = next(line for line in lines if line.startswith("main ") and ids["main"][:12] in line)
     assert "env all" in main and "granted 2" in main and "verified against the kub" in main
     init = next(line for line in lines if line.startswith("init "))
-    assert "refused" in init and "no nvidia.com/* devices are allocated" in init
+    assert "refused" in init and "no GPU resource is allocated" in init
     sandbox = next(line for line in lines if " sandbox " in line)
     assert (
         "cdi-annotation nvidia.com/gpu=0" in sandbox and "a pod sandbox never gets GPUs" in sandbox

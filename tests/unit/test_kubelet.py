@@ -52,8 +52,12 @@ def test_new_numa_layout_and_resource_filter() -> None:
         ]
     )
     alloc = allocation_from_bytes(raw, "cp", "u1", "main")
-    assert alloc.device_ids == ("GPU-a", "GPU-b::2")
-    assert allocation_from_bytes(raw, "cp", "u2", "main").device_ids == ()
+    # every resource is read; which are GPUs is the policy's (policy.kubernetes.gpu_resources)
+    assert alloc.resources == (
+        ("example.com/nic", ("eth1",)),
+        ("nvidia.com/gpu", ("GPU-a", "GPU-b::2")),
+    )
+    assert allocation_from_bytes(raw, "cp", "u2", "main").resources == ()
 
 
 def test_old_list_layout_and_mig_resources() -> None:
@@ -68,7 +72,9 @@ def test_old_list_layout_and_mig_resources() -> None:
             }
         ]
     )
-    assert allocation_from_bytes(raw, "cp", "u1", "c").device_ids == ("MIG-x",)
+    assert allocation_from_bytes(raw, "cp", "u1", "c").resources == (
+        ("nvidia.com/mig-1g.10gb", ("MIG-x",)),
+    )
 
 
 @pytest.mark.parametrize(

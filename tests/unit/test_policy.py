@@ -64,7 +64,7 @@ def test_standalone_env_ignored_by_policy() -> None:
 def test_default_all_leak_closed_for_kubernetes_without_allocation() -> None:
     d = decide(f.spec(env=["NVIDIA_VISIBLE_DEVICES=all"], annotations=f.k8s()), allocation=[])
     assert d.refused and not d.devices
-    assert "no nvidia.com/* devices are allocated to pod ml/trainer" in d.reasons[0].why
+    assert "no GPU resource is allocated to pod ml/trainer" in d.reasons[0].why
 
 
 def test_kubernetes_all_gets_only_the_allocation() -> None:

@@ -108,6 +108,7 @@ class Request(Frozen):
         "annotations",
         "channels",
         "driver_capabilities",
+        "ignored",
         "kubernetes",
         "privileged",
         "problems",
@@ -118,6 +119,7 @@ class Request(Frozen):
     kubernetes: KubeIdentity | None
     annotations: tuple[tuple[str, str], ...]  # gpuhook.io/* annotations, for later steps
     problems: tuple[str, ...]  # malformed parts of the request, one line each
+    ignored: tuple[Reason, ...]  # looks like a request but is none (a CDI name of another kind)
 
     def __init__(
         self,
@@ -127,6 +129,7 @@ class Request(Frozen):
         kubernetes: KubeIdentity | None = None,
         annotations: tuple[tuple[str, str], ...] = (),
         problems: tuple[str, ...] = (),
+        ignored: tuple[Reason, ...] = (),
     ) -> None:
         _init(
             self,
@@ -136,6 +139,7 @@ class Request(Frozen):
             kubernetes=kubernetes,
             annotations=tuple(annotations),
             problems=tuple(problems),
+            ignored=tuple(ignored),
         )
 
     def annotation(self, key: str) -> str | None:

@@ -37,6 +37,12 @@ def strip_cdi(device_id: str) -> str | None:
     return None
 
 
+def is_uuid(device_id: str) -> bool:
+    """Whether an id has the form of a GPU or MIG UUID (``GPU-...``, ``MIG-...``): the device
+    ids NVIDIA's device plugin gives the kubelet (deviceIDStrategy uuid, its default)."""
+    return device_id[:4].lower() in ("gpu-", "mig-")
+
+
 def resolve_one(device_id: str, inventory: Inventory) -> tuple[DeviceRef, ...]:
     """Resolve one id; ``all`` gives every GPU. Raises :class:`UnknownDevice`."""
     name = strip_cdi(device_id)

@@ -112,7 +112,7 @@ def run(
             decision,
             inventory() if decision.injects else None,
             config,
-            request.has_prestart_hook(spec),  # removed whatever the decision (hooks.d puts it
+            request.nvidia_hooks(spec),  # removed whatever the decision (hooks.d puts them
             mps_plan,  # into every container; run, it would act on the image's env)
             rootfs,
             spec,

@@ -13,7 +13,9 @@ Two witnesses, each written by something a pod author does not control:
   and ``<kubelet_dir>/pods/<uid>/containers/<name>/<id>`` (the termination-message file).
 
 Witnesses that disagree, a container type that is missing or unknown, or copied identity keys
-give an identity with a ``problem``: the policy treats it as a pod sandbox (no GPU).
+give an identity with a ``problem``: the policy treats it as a pod sandbox (no GPU). A container
+of a ``podman pod`` carries a few of CRI-O's keys but is no Kubernetes container
+(:func:`is_podman_pod_container`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,17 @@ ENGINE_KEYS = {
         "container": "io.kubernetes.container.name",
     },
 }
+# What podman 4.x writes into every container of a `podman pod` (seen with podman 4.3: `podman
+# pod create`, `podman run --pod`); its infra container gets none of the type keys.
+KUBERNETES_PREFIX = "io.kubernetes."
+PODMAN_KEYS = frozenset(
+    (
+        "io.kubernetes.cri-o.ContainerType",
+        "io.kubernetes.cri-o.SandboxID",
+        "io.kubernetes.cri-o.Created",
+        "io.kubernetes.cri-o.TTY",
+    )
+)
 CRIO_COPIED_ANNOTATIONS = "io.kubernetes.cri-o.Annotations"
 CRIO_COPIED_LABELS = "io.kubernetes.cri-o.Labels"
 # Labels the kubelet sets itself over any pod label of the same name (so their values are its).
@@ -77,6 +90,8 @@ def identify(annotations: dict[str, str], mounts: Any, kubelet_dir: str) -> Kube
 
 
 def from_annotations(annotations: dict[str, str]) -> KubeIdentity | None:
+    if is_podman_pod_container(annotations):
+        return None
     engines = [e for e, keys in ENGINE_KEYS.items() if any(k in annotations for k in keys.values())]
     if not engines:
         return None
@@ -102,6 +117,16 @@ def from_annotations(annotations: dict[str, str]) -> KubeIdentity | None:
         source=engine,
         problem=problem,
     )
+
+
+def is_podman_pod_container(annotations: dict[str, str]) -> bool:
+    """A container of a ``podman pod``: podman writes CRI-O's container type ``container`` and a
+    few more ``io.kubernetes.cri-o.*`` keys (:data:`PODMAN_KEYS`), but none of CRI-O's identity
+    keys, which CRI-O always writes (the kubelet's labels, its lists of copied annotations and
+    labels). Any other ``io.kubernetes.*`` key, or a sandbox type, is CRI-O's to judge."""
+    if annotations.get(ENGINE_KEYS[CRIO]["type"]) != CONTAINER:
+        return False
+    return all(k in PODMAN_KEYS for k in annotations if k.startswith(KUBERNETES_PREFIX))
 
 
 def from_mounts(mounts: Any, kubelet_dir: str) -> KubeIdentity | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from gpuhook.model.decision import KIND_MIG
 from gpuhook.model.edits import ContainerEdits, Hook, Mount
-from gpuhook.pipeline.request import DOCKER_HOOK, ENV_CAPS, ENV_VISIBLE
+from gpuhook.pipeline.request import ENV_CAPS, ENV_VISIBLE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def edits_for(
     decision: Decision,
     inventory: Inventory | None,
     config: Config,
-    docker_hook: bool = False,
+    nvidia_hooks: tuple[str, ...] = (),
     mps: MpsPlan | None = None,
     rootfs: str = "",
     spec: Mapping[str, Any] | None = None,
@@ -65,10 +65,11 @@ def edits_for(
     the MPS plan of a container granted MPS-shared GPUs (pipe directory, env, shm). ``rootfs``:
     the container's absolute rootfs, given to the ld.so.cache hook when known. ``spec``: the
     container's spec; what the engine already put there (from gpuhook's CDI spec) is not added
-    a second time, and the granted devices whose nodes it holds are named in ``engine_injected``."""
+    a second time, and the granted devices whose nodes it holds are named in ``engine_injected``.
+    ``nvidia_hooks``: NVIDIA's prestart hooks in the spec, removed whatever the decision."""
     visible = visible_value(decision)
     env = [f"{ENV_VISIBLE}={visible}"] if visible is not None else []
-    remove = (DOCKER_HOOK,) if docker_hook else ()
+    remove = nvidia_hooks
     if not decision.injects or inventory is None:
         return ContainerEdits(env=tuple(env), remove_hooks=remove)
     env.append(f"{ENV_CAPS}={','.join(decision.capabilities)}")

@@ -5,7 +5,8 @@ default ``/var/lib/kubelet``, or ``policy.kubernetes.checkpoint``) records, per 
 container name, the device ids each device plugin allocated. Two layouts exist: DeviceIDs as a
 list (before Kubernetes 1.20) and as a map from NUMA node to list (since). The file is written by
 the kubelet (root) only; its checksum is the kubelet's own spew-based hash, which gpuhook does
-not recompute.
+not recompute. Every resource of the container is read (the record shows them all); which of
+them are GPUs is the policy's to say (``policy.kubernetes.gpu_resources``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
 
 
 class Allocation(Frozen):
-    """Device ids allocated to one container, per resource (``nvidia.com/*`` only)."""
+    """Device ids allocated to one container, per device-plugin resource."""
 
     __slots__ = ("container_name", "pod_uid", "resources", "source")
     pod_uid: str
@@ -45,13 +46,6 @@ class Allocation(Frozen):
             resources=tuple(resources),
             source=source,
         )
-
-    @property
-    def device_ids(self) -> tuple[str, ...]:
-        out: list[str] = []
-        for _, ids in self.resources:
-            out.extend(i for i in ids if i not in out)
-        return tuple(out)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,7 +81,7 @@ def allocation_from_bytes(raw: bytes, path: str, pod_uid: str, container_name: s
         if entry.get("PodUID") != pod_uid or entry.get("ContainerName") != container_name:
             continue
         resource = entry.get("ResourceName")
-        if not isinstance(resource, str) or not resource.startswith(NVIDIA_RESOURCE_PREFIX):
+        if not isinstance(resource, str):
             continue
         ids = resources.setdefault(resource, [])
         for device in _device_ids(entry.get("DeviceIDs"), path):

@@ -60,19 +60,27 @@ class Trust(Frozen):
 
     ``allowed``: the device ids the grant must stay within (the checkpoint's allocation), None
     for no limit; an unlimited trust fails the create on an unknown or malformed id, a limited
-    one grants what is allocated and says what it left out. ``note``: a reason line to add.
+    one grants what is allocated and says what it left out. ``allocated``: the GPU resources of
+    the checkpoint behind ``allowed`` (resource, ids), each id of which must be a device of this
+    node. ``note``: a reason line to add.
     """
 
-    __slots__ = ("allowed", "note", "trusted", "why")
+    __slots__ = ("allocated", "allowed", "note", "trusted", "why")
     trusted: bool
     why: str
     allowed: tuple[str, ...] | None
     note: str
+    allocated: tuple[tuple[str, tuple[str, ...]], ...]
 
     def __init__(
-        self, trusted: bool, why: str, allowed: tuple[str, ...] | None = None, note: str = ""
+        self,
+        trusted: bool,
+        why: str,
+        allowed: tuple[str, ...] | None = None,
+        note: str = "",
+        allocated: tuple[tuple[str, tuple[str, ...]], ...] = (),
     ) -> None:
-        _init(self, trusted=trusted, why=why, allowed=allowed, note=note)
+        _init(self, trusted=trusted, why=why, allowed=allowed, note=note, allocated=allocated)
 
 
 class Checkpoint(Frozen):
@@ -123,13 +131,13 @@ def trust_cdi(request: Request, policy: PolicyConfig, checkpoint: Checkpoint) ->
         return Trust(True, why)
     if checkpoint.error:
         return Trust(True, why, note=f"not verified: {checkpoint.error}")
-    return _verified(request.kubernetes, checkpoint, "CDI annotations")
+    return _verified(request.kubernetes, checkpoint, "CDI annotations", policy)
 
 
 def trust_markers(request: Request, policy: PolicyConfig, checkpoint: Checkpoint) -> Trust:
     if not _verifies(request, policy):
         return Trust(True, "volume-mount markers are set by a device plugin through the kubelet")
-    return _verified(request.kubernetes, checkpoint, "volume-mount markers")
+    return _verified(request.kubernetes, checkpoint, "volume-mount markers", policy)
 
 
 def trust_docker(_request: Request, _policy: PolicyConfig, _checkpoint: Checkpoint) -> Trust:
@@ -141,7 +149,9 @@ def trust_docker(_request: Request, _policy: PolicyConfig, _checkpoint: Checkpoi
 def trust_env(request: Request, policy: PolicyConfig, checkpoint: Checkpoint) -> Trust:
     kube = request.kubernetes
     if request.privileged:
-        return Trust(True, "privileged container (CAP_SYS_ADMIN in the bounding set)")
+        return Trust(
+            True, "privileged container (every capability, the device cgroup open to all devices)"
+        )
     if kube is None:
         if policy.standalone_env_requests != "trust":
             return Trust(
@@ -159,7 +169,7 @@ def trust_env(request: Request, policy: PolicyConfig, checkpoint: Checkpoint) ->
         )
     if mode == "trust":
         return Trust(True, "Kubernetes container and policy.kubernetes.env_requests is trust")
-    return _verified(kube, checkpoint, "")
+    return _verified(kube, checkpoint, "", policy)
 
 
 TRUST: dict[str, Callable[[Request, PolicyConfig, Checkpoint], Trust]] = {
@@ -170,21 +180,27 @@ TRUST: dict[str, Callable[[Request, PolicyConfig, Checkpoint], Trust]] = {
 }
 
 
-def _verified(kube: KubeIdentity | None, checkpoint: Checkpoint, what: str) -> Trust:
-    """Trust limited to the checkpoint's allocation to this container (refused without one)."""
+def _verified(
+    kube: KubeIdentity | None, checkpoint: Checkpoint, what: str, policy: PolicyConfig
+) -> Trust:
+    """Trust limited to the checkpoint's allocation of GPU resources to this container (refused
+    without one). The container's other resources (RDMA devices, say) are never GPUs."""
     who = _who(kube)
     prefix = f"{what} of an unprivileged Kubernetes container: " if what else ""
     if checkpoint.error:
         return Trust(
             False, f"{prefix}cannot verify against the kubelet checkpoint: {checkpoint.error}"
         )
-    ids = checkpoint.allocation.device_ids if checkpoint.allocation is not None else ()
+    resources = checkpoint.allocation.resources if checkpoint.allocation is not None else ()
+    gpu = tuple((r, ids) for r, ids in resources if policy.is_gpu_resource(r) and ids)
+    others = ", ".join(r for r, _ in resources if not policy.is_gpu_resource(r))
+    note = f"not GPU resources (policy.kubernetes.gpu_resources), not counted: {others}"
+    ids = tuple(dict.fromkeys(i for _, resource_ids in gpu for i in resource_ids))
     if not ids:
-        return Trust(
-            False,
-            f"{prefix}no nvidia.com/* devices are allocated to {who} in the kubelet checkpoint",
-        )
-    return Trust(True, f"verified against the kubelet checkpoint: allocated to {who}", ids)
+        why = f"{prefix}no GPU resource is allocated to {who} in the kubelet checkpoint"
+        return Trust(False, why + (f" ({note})" if others else ""))
+    why = f"verified against the kubelet checkpoint: allocated to {who}"
+    return Trust(True, why, ids, note if others else "", gpu)
 
 
 def _who(kube: KubeIdentity | None) -> str:
@@ -235,8 +251,9 @@ def decide(
     limit cannot be satisfied."""
     chosen = _chosen(request)
     if chosen is None:
-        return no_request()
+        return no_request(ignored=request.ignored)
     others = tuple(_superseded(req, chosen) for req in request.channels if req is not chosen)
+    others += request.ignored
     checkpoint = Checkpoint(allocation, allocation_error)
     trust = _identity_refusal(request.kubernetes) or _trust(chosen, request, policy, checkpoint)
     if not trust.trusted:
@@ -261,14 +278,15 @@ def decide(
             channel=chosen.channel,
             reasons=(reason, *others),
         )
-    return _grant(chosen, trust, inventory(), capabilities, others)
+    return _grant(chosen, trust, inventory(), capabilities, others, _who(request.kubernetes))
 
 
-def no_request(why: str = "") -> Decision:
+def no_request(why: str = "", ignored: tuple[Reason, ...] = ()) -> Decision:
     """The decision for a spec that asks for no GPU: the container is left alone. ``why``
-    replaces the reason's :data:`NO_REQUEST` (the shim says it did not parse the spec)."""
+    replaces the reason's :data:`NO_REQUEST` (the shim says it did not parse the spec);
+    ``ignored``: what looked like a request but is none."""
     reason = Reason("-", "", VERDICT_IGNORED, why or NO_REQUEST)
-    return Decision(gpu_container=False, reasons=(reason,))
+    return Decision(gpu_container=False, reasons=(reason, *ignored))
 
 
 def _trust(
@@ -300,36 +318,25 @@ def _grant(
     inv: Inventory,
     capabilities: tuple[str, ...],
     others: tuple[Reason, ...],
+    who: str,
 ) -> Decision:
-    """Resolve the chosen request's ids within what its trust allows."""
+    """Resolve the chosen request's ids within what its trust allows. Raises
+    :class:`RequestError` when a device the kubelet allocated (or a device plugin's CDI
+    annotation names) is not a device of this node: such a container never starts without it."""
     from gpuhook.pipeline import devices  # only a grant resolves devices (a refusal stays cheap)
 
     note: tuple[Reason, ...] = ()
     if trust.note:
         note = (Reason(CHECKPOINT_CHANNEL, "", VERDICT_IGNORED, trust.note),)
-    ids = chosen.ids
-    if chosen.channel == CHANNEL_CDI:
-        note += tuple(
-            Reason(
-                chosen.channel,
-                i,
-                VERDICT_IGNORED,
-                "not an NVIDIA device (left to its own CDI handler)",
-            )
-            for i in ids
-            if devices.strip_cdi(i) is None
-        )
-        ids = tuple(i for i in ids if devices.strip_cdi(i) is not None)
-        if not ids:
-            return Decision(gpu_container=False, reasons=(*others, *note))
-    refs, errors = devices.resolve(ids, inv)
+    refs, errors = devices.resolve(chosen.ids, inv)
     left_out: tuple[Reason, ...] = ()
+    if errors and (trust.allowed is None or chosen.channel == CHANNEL_CDI):
+        raise RequestError(f"{chosen.source}: {errors[0]}")
     if trust.allowed is None:
-        if errors:
-            raise RequestError(f"{chosen.source}: {errors[0]}")
         granted = refs
     else:
-        granted, left_out = _within(chosen, ids, refs, errors, trust.allowed, inv)
+        _check_allocated(trust.allocated, inv, who)
+        granted, left_out = _within(chosen, refs, errors, trust.allowed, inv)
     if not granted:
         why = "none of the requested devices is allocated to this container"
         return _refused(chosen, why, (*others, *note, *left_out))
@@ -344,25 +351,48 @@ def _grant(
     )
 
 
+def _check_allocated(
+    allocated: tuple[tuple[str, tuple[str, ...]], ...], inv: Inventory, who: str
+) -> None:
+    """Every device id the kubelet allocated to the container is one of this node's GPU or MIG
+    UUIDs (or a time-slicing replica of one, ``<uuid>::<n>``); else the create fails."""
+    from gpuhook.pipeline import devices
+
+    for resource, ids in allocated:
+        for device_id in ids:
+            name = device_id.partition("::")[0]
+            if not devices.is_uuid(name):
+                raise RequestError(
+                    f"the kubelet allocated {device_id!r} ({resource}) to {who}, which is not a "
+                    "GPU or MIG UUID: gpuhook takes the device plugin's UUID device ids (its "
+                    "default deviceIDStrategy, uuid)"
+                )
+            try:
+                devices.resolve_one(name, inv)
+            except devices.UnknownDevice:
+                raise RequestError(
+                    f"the kubelet allocated {device_id} ({resource}) to {who}, but this node's "
+                    "inventory has no such device (stale, or a GPU was added or replaced): run "
+                    "gpuhook inventory refresh; the kubelet retries the container"
+                ) from None
+
+
 def _within(
     chosen: ChannelRequest,
-    ids: tuple[str, ...],
     refs: tuple[DeviceRef, ...],
     errors: list[str],
     allowed_ids: tuple[str, ...],
     inv: Inventory,
 ) -> tuple[tuple[DeviceRef, ...], tuple[Reason, ...]]:
     """The requested devices that the allocation holds (``all``: the whole allocation), and a
-    reason line each for allocated ids this node lacks and for requested devices left out."""
+    reason line for requested devices left out. The allocated ids are this node's
+    (:func:`_check_allocated`)."""
     from gpuhook.pipeline import devices
 
-    allowed, unknown = devices.resolve(allowed_ids, inv)
+    allowed, _ = devices.resolve(allowed_ids, inv)
     lines = []
-    if unknown:
-        why = "allocated ids unknown on this node: " + "; ".join(unknown)
-        lines.append(Reason(CHECKPOINT_CHANNEL, ",".join(allowed_ids), VERDICT_IGNORED, why))
-    if any((devices.strip_cdi(i) or "").lower() == "all" for i in ids):
-        return allowed, tuple(lines)
+    if any((devices.strip_cdi(i) or "").lower() == "all" for i in chosen.ids):
+        return allowed, ()
     allowed_uuids = {r.uuid for r in allowed}
     extra = [r.display_id for r in refs if r.uuid not in allowed_uuids]
     if extra or errors:

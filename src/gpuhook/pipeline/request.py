@@ -17,10 +17,13 @@ from gpuhook.model.decision import (
     CHANNEL_DOCKER,
     CHANNEL_ENV,
     CHANNEL_MOUNT,
+    VERDICT_IGNORED,
     ChannelRequest,
+    Reason,
     Request,
 )
-from gpuhook.pipeline import identity
+from gpuhook.pipeline import gofields, identity
+from gpuhook.pipeline.devices import strip_cdi
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,8 +39,18 @@ MARKER_ROOTS = ("/var/run/nvidia-container-devices/", "/run/nvidia-container-dev
 # path is the pod author's, not a device plugin's, and is not a request.
 MARKER_SOURCE = "/dev/null"
 DOCKER_HOOK = "nvidia-container-runtime-hook"
-CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
+# NVIDIA's prestart hooks: docker --gpus and the current hooks.d file run the first; the hooks.d
+# file NVIDIA documented for years (oci-nvidia-hook.json) runs `nvidia-container-toolkit prestart`.
+NVIDIA_HOOKS = (DOCKER_HOOK, "nvidia-container-toolkit")
+# NVIDIA's legacy-image rule: an image with CUDA_VERSION but neither NVIDIA_VISIBLE_DEVICES nor
+# NVIDIA_REQUIRE_CUDA asks for every GPU (its hook then acts on it).
+ENV_LEGACY_CUDA = "CUDA_VERSION"
+ENV_REQUIRE_CUDA = "NVIDIA_REQUIRE_CUDA"
 MAX_DEVICE_IDS = 256
+# What engines write for a privileged container (docker, containerd's CRI, podman, CRI-O alike):
+# every capability they grant, of which these are never in a default set, and a device cgroup
+# open to every device. An added capability (capabilities.add: [SYS_ADMIN]) is not privilege.
+PRIVILEGED_CAPS = ("CAP_SYS_ADMIN", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_NET_ADMIN")
 
 
 def parse(spec: Any, kubelet_dir: str = KUBELET_DIR_DEFAULT) -> Request:
@@ -45,20 +58,22 @@ def parse(spec: Any, kubelet_dir: str = KUBELET_DIR_DEFAULT) -> Request:
     (they identify the Kubernetes containers of engines that write no identity annotation)."""
     if not isinstance(spec, dict):
         raise SpecError("config.json: the top level is not a JSON object")
+    gofields.check(spec)
     annotations = _str_map(spec.get("annotations"))
     process = spec["process"] if isinstance(spec.get("process"), dict) else {}
     env = _env(process.get("env"))
     kube = identity.identify(annotations, spec.get("mounts"), kubelet_dir)
+    cdi, ignored = _cdi_channel(annotations)
     found = (
-        _cdi_channel(annotations),
+        cdi,
         _marker_channel(spec.get("mounts")),
-        _env_channel(env, has_prestart_hook(spec), kube is not None),
+        _env_channel(env, bool(nvidia_hooks(spec)), kube is not None),
     )
     channels = tuple(c for c in found if c is not None)
     return Request(
         channels=channels,
         driver_capabilities=env.get(ENV_CAPS),
-        privileged=_privileged(process.get("capabilities")),
+        privileged=privileged(spec),
         kubernetes=kube,
         annotations=tuple(
             sorted(
@@ -66,25 +81,50 @@ def parse(spec: Any, kubelet_dir: str = KUBELET_DIR_DEFAULT) -> Request:
             )
         ),
         problems=tuple(c.problem for c in channels if c.problem),
+        ignored=ignored,
     )
 
 
-def has_prestart_hook(spec: dict[str, Any]) -> bool:
-    """Whether the spec carries ``nvidia-container-runtime-hook`` as a prestart hook (docker
-    ``--gpus``, or NVIDIA's hooks.d file, which puts it into every container)."""
-    return _has_docker_hook(spec.get("hooks"))
+def nvidia_hooks(spec: dict[str, Any]) -> tuple[str, ...]:
+    """Which of NVIDIA's hooks (:data:`NVIDIA_HOOKS`) the spec carries as prestart hooks
+    (docker ``--gpus``, or NVIDIA's hooks.d file, which puts one into every container)."""
+    hooks = spec.get("hooks")
+    prestart = hooks.get("prestart") if isinstance(hooks, dict) else None
+    entries = prestart if isinstance(prestart, list) else []
+    found = {
+        hook["path"].rsplit("/", 1)[-1]
+        for hook in entries
+        if isinstance(hook, dict) and isinstance(hook.get("path"), str)
+    }
+    return tuple(name for name in NVIDIA_HOOKS if name in found)
 
 
-def _cdi_channel(annotations: dict[str, str]) -> ChannelRequest | None:
-    """All ``cdi.k8s.io/*`` annotations, as one request (one annotation per device-plugin
-    Allocate response: a container with two ``nvidia.com/*`` resources has two)."""
+def _cdi_channel(annotations: dict[str, str]) -> tuple[ChannelRequest | None, tuple[Reason, ...]]:
+    """All ``cdi.k8s.io/*`` annotations naming GPUs (kind ``nvidia.com/gpu`` or ``nvidia.com/mig``),
+    as one request (one annotation per device-plugin Allocate response: a container with two GPU
+    resources has two). CDI devices of other kinds (the RDMA plugin's ``nvidia.com/net-rdma=...``,
+    another vendor's) are left to their CDI handler: a reason line each, no request, so that the
+    container's other channels decide."""
     keys = sorted(k for k in annotations if k.startswith(CDI_ANNOTATION_PREFIX))
-    if not keys:
-        return None
-    values = [annotations[k] for k in keys]
-    ids = _dedupe([i for value in values for i in _split(value)])
-    source = ("annotation " if len(keys) == 1 else "annotations ") + ", ".join(keys)
-    return ChannelRequest(CHANNEL_CDI, source, ",".join(values), tuple(ids))
+    gpu_keys: list[str] = []
+    ids: list[str] = []
+    ignored: list[Reason] = []
+    for key in keys:
+        names = _split(annotations[key])
+        gpus = [n for n in names if strip_cdi(n) is not None]
+        ignored += [
+            Reason(CHANNEL_CDI, n, VERDICT_IGNORED, f"{key}: a CDI device of another kind, not a "
+                   "GPU (left to its own CDI handler)")
+            for n in names if strip_cdi(n) is None
+        ]  # fmt: skip
+        if gpus:
+            gpu_keys.append(key)
+            ids += gpus
+    if not gpu_keys:
+        return None, tuple(ignored)
+    values = ",".join(annotations[k] for k in gpu_keys)
+    source = ("annotation " if len(gpu_keys) == 1 else "annotations ") + ", ".join(gpu_keys)
+    return ChannelRequest(CHANNEL_CDI, source, values, tuple(_dedupe(ids))), tuple(ignored)
 
 
 def _marker_channel(mounts: Any) -> ChannelRequest | None:
@@ -122,13 +162,16 @@ def _env_channel(env: dict[str, str], hook: bool, kubernetes: bool) -> ChannelRe
     visible = env.get(ENV_VISIBLE)
     if not hook and (visible is None or visible.strip().lower() in ("", "void")):
         return None
-    value = visible or ""
+    value, source = visible or "", f"env {ENV_VISIBLE}"
+    if hook and visible is None and env.get(ENV_LEGACY_CUDA) and not env.get(ENV_REQUIRE_CUDA):
+        value = "all"
+        source = f"env {ENV_LEGACY_CUDA} without {ENV_VISIBLE} (NVIDIA's legacy-image rule: all)"
     ids, problem = env_ids(value)
-    channel, source = CHANNEL_ENV, f"env {ENV_VISIBLE}"
+    channel = CHANNEL_ENV
     if hook and not kubernetes:
-        channel, source = CHANNEL_DOCKER, f"docker --gpus ({DOCKER_HOOK} prestart hook)"
+        channel, source = CHANNEL_DOCKER, f"docker --gpus (NVIDIA's prestart hook); {source}"
     elif hook:
-        source += f" ({DOCKER_HOOK} prestart hook of a Kubernetes container: an env request)"
+        source += " (NVIDIA's prestart hook in a Kubernetes container: an env request)"
     return ChannelRequest(
         channel, source, value, ids, f"{ENV_VISIBLE}: {problem}" if problem else ""
     )
@@ -194,21 +237,33 @@ def _is_marker_source(source: Any) -> bool:
     return isinstance(source, str) and os.path.normpath(source) == MARKER_SOURCE
 
 
-def _has_docker_hook(hooks: Any) -> bool:
-    if not isinstance(hooks, dict) or not isinstance(hooks.get("prestart"), list):
+def privileged(spec: dict[str, Any]) -> bool:
+    """Whether the spec is what engines write for a privileged container: the capabilities of
+    :data:`PRIVILEGED_CAPS` in the bounding set and the device cgroup open to every device."""
+    process = spec.get("process")
+    caps = process.get("capabilities") if isinstance(process, dict) else None
+    bounding = caps.get("bounding") if isinstance(caps, dict) else None
+    if not isinstance(bounding, list) or not all(c in bounding for c in PRIVILEGED_CAPS):
         return False
-    for hook in hooks["prestart"]:
-        if (
-            isinstance(hook, dict)
-            and isinstance(hook.get("path"), str)
-            and hook["path"].rsplit("/", 1)[-1] == DOCKER_HOOK
-        ):
-            return True
-    return False
+    linux = spec.get("linux")
+    resources = linux.get("resources") if isinstance(linux, dict) else None
+    rules = resources.get("devices") if isinstance(resources, dict) else None
+    return _devices_open(rules)
 
 
-def _privileged(caps: Any) -> bool:
-    if not isinstance(caps, dict):
-        return False
-    bounding = caps.get("bounding")
-    return isinstance(bounding, list) and CAP_SYS_ADMIN in bounding
+def _devices_open(rules: Any) -> bool:
+    """Whether device cgroup rules, applied in order as runc does, leave every device open for
+    read, write and mknod: a last rule for all devices allows ``rwm`` and no rule denies after."""
+    open_all = False
+    for rule in rules if isinstance(rules, list) else ():
+        if not isinstance(rule, dict):
+            return False
+        every = rule.get("type") in (None, "", "a") and all(
+            rule.get(k) in (None, -1) for k in ("major", "minor")
+        )
+        if rule.get("allow") is True:
+            if every and set("rwm") <= set(str(rule.get("access") or "rwm")):
+                open_all = True
+        elif rule.get("allow") is False or not every:
+            open_all = False
+    return open_all

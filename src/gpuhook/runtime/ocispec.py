@@ -38,8 +38,10 @@ def read_raw(bundle: str) -> bytes:
 
 
 def parse(raw: bytes, bundle: str = "") -> dict[str, Any]:
+    """The spec of ``raw``; a key repeated in one object is refused (runc, in Go, would merge
+    what gpuhook reads as the last: SECURITY.md, parser differentials)."""
     try:
-        spec = _fastjson.loads(raw)
+        spec = _fastjson.loads(raw, unique_keys=True)
     except ValueError as exc:
         raise SpecError(
             f"malformed {config_path(bundle) if bundle else CONFIG_NAME}: {exc}"

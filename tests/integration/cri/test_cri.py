@@ -83,7 +83,7 @@ def test_default_all_leak_closed(k8s: Cri) -> None:
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert record["decision"]["refused"] is True
     assert (
-        "no nvidia.com/* devices are allocated to pod ml/trainer"
+        "no GPU resource is allocated to pod ml/trainer"
         in (record["decision"]["reasons"][0]["why"])
     )
 
