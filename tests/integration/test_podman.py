@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 CONTROL = ["/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
 IMAGE_PLAIN = "localhost/gpuhook-test/plain:1"
 IMAGE_ALL = "localhost/gpuhook-test/env-all:1"
+IMAGE_PAUSE = "localhost/gpuhook-test/pause:1"  # a pod's infra container: sleeps
 CDI_FOLDER = Path("/var/run/cdi")
 
 
@@ -102,8 +103,13 @@ def podman(
     p("import", "-q", str(tarball), IMAGE_PLAIN, check=True)
     p("import", "-q", "--change", "ENV NVIDIA_VISIBLE_DEVICES=all", str(tarball), IMAGE_ALL,
       check=True)  # fmt: skip
+    p("import", "-q", "--change", 'ENTRYPOINT ["/bin/sleep", "3600"]', str(tarball), IMAGE_PAUSE,
+      check=True)  # fmt: skip
     spec = CDI_FOLDER / f"gpuhook-test-{uuidlib.uuid4().hex[:12]}.json"
-    out = node.gpuhook("cdi", "generate", "--output", str(spec))
+    # the spec podman reads, checked against the specs podman reads (not against the fake node's
+    # own cdi.output, which podman never sees)
+    env = node.variant(p.folder, cdi={"output": "", "spec_dirs": ["/etc/cdi", str(CDI_FOLDER)]})
+    out = node.gpuhook("cdi", "generate", "--output", str(spec), env=env)
     assert out.returncode == 0, out.stderr
     try:
         yield p
@@ -183,4 +189,37 @@ def test_gpuhook_as_podmans_runtime_closes_the_leak_and_honours_cdi(
             "runtime", "unconfigure", "--runtime", "podman", "--config", str(podman.conf)
         )
         podman.write_conf(node.env["GPUHOOK_CONFIG"])  # the module's conf, as the fixture wrote it
+        assert out.returncode == 0, out.stderr
+
+
+def test_a_podman_pod_container_is_no_cri_o_sandbox(
+    podman: Podman, node: FakeNode, tmp_path: Path
+) -> None:
+    """`podman run --pod` writes CRI-O's container type and sandbox id (and no other CRI-O key)
+    into the spec. Before, gpuhook took it for a CRI-O container of unknown identity and
+    refused it as a pod sandbox: no GPU under standalone.env_requests: trust."""
+    env = node.variant(tmp_path, policy={"standalone": {"env_requests": "trust"}})
+    podman.write_conf(env["GPUHOOK_CONFIG"])
+    out = node.gpuhook(
+        "runtime", "configure", "--runtime", "podman", "--set-as-default",
+        "--config", str(podman.conf), "--runtime-path", testbed.RUNTIME,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    pod = f"gh-pod-{uuidlib.uuid4().hex[:8]}"
+    try:
+        podman("pod", "create", "--name", pod, "--infra-image", IMAGE_PAUSE, check=True)
+        seen = podman.run("--pod", pod, "-e", "NVIDIA_VISIBLE_DEVICES=0")
+        assert seen["returncode"] == 0, seen["stderr"]
+        assert seen["dev"] == gpus("/dev/nvidia0")
+        rec = record(node, env, seen["id"])
+        assert rec["kubernetes"] is None and rec["decision"]["channel"] == "env"
+        spec = json.loads(Path(rec["bundle"], "config.json").read_text())
+        assert spec["annotations"]["io.kubernetes.cri-o.ContainerType"] == "container"
+        assert "io.kubernetes.cri-o.SandboxID" in spec["annotations"]
+    finally:
+        podman("pod", "rm", "-f", pod)
+        out = node.gpuhook(
+            "runtime", "unconfigure", "--runtime", "podman", "--config", str(podman.conf)
+        )
+        podman.write_conf(node.env["GPUHOOK_CONFIG"])
         assert out.returncode == 0, out.stderr
