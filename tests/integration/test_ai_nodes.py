@@ -188,7 +188,9 @@ def test_legacy_hook_and_cuda_image_in_a_pod_is_a_verified_request_for_all(
     `all`, verified against the allocation; the hook is removed (it fails the container if it
     runs). Before: the spec skipped the pre-check and the hook ran."""
     env = checkpoint_env(
-        node, tmp_path, [("pod-uid-1", "main", "nvidia.com/gpu", [uuid(node, i) for i in allocated])]
+        node,
+        tmp_path,
+        [("pod-uid-1", "main", "nvidia.com/gpu", [uuid(node, i) for i in allocated])],
     )
     seen = containers.probe(
         env, env=["CUDA_VERSION=12.4.1"], annotations=f.k8s(), hooks=legacy_hook
