@@ -121,7 +121,7 @@ def test_shared_and_mig_resources_are_gpus(
     assert "/dev/nvidia0" not in seen["dev"] and "/dev/nvidia7" not in seen["dev"]
 
 
-# --- 2. a CDI annotation of another kind leaves the request to the other channels ----------------
+# --- 2. a CDI annotation of another kind leaves the request to the other channels -----------------
 
 
 def test_an_rdma_cdi_annotation_does_not_discard_the_gpu_request(
@@ -251,7 +251,7 @@ def test_a_cdi_annotation_naming_an_unknown_uuid_fails_the_create(
     )
 
 
-# --- 7. no parser differential with runc -----------------------------------------------------------
+# --- 7. no parser differential with runc ----------------------------------------------------------
 
 
 def _rewrite(bundle: Path, edit: Any) -> None:
