@@ -14,8 +14,9 @@ build: build/bin/gpuhook-runtime build/bin/gpuhook build/bin/nvidia-container-ru
 
 # Rendered from the .in templates with the tables they are made from (gpuhook.runtime.dispatch).
 RENDER := PYTHONPATH=$(PKGDIR) $(PY) -m gpuhook.runtime.dispatch
-RENDER_DEPS := src/gpuhook/runtime/dispatch.py src/gpuhook/runtime/runc_argv.py src/gpuhook/runtime/service.py \
-	src/gpuhook/runtime/hooks.py src/gpuhook/markers.py src/gpuhook/config.py src/gpuhook/errors.py src/gpuhook/records/execenv.py
+# Every module of the package: the dispatchers are rendered from tables that several modules own
+# (whatever runtime.dispatch imports), so a change to any of them rebuilds them (a second's work).
+RENDER_DEPS := $(shell find src/gpuhook -name '*.py' -not -path '*/__pycache__/*')
 
 build/bin/gpuhook-runtime: packaging/gpuhook-runtime.c.in $(RENDER_DEPS)
 	@mkdir -p build/bin
@@ -36,8 +37,9 @@ typecheck:
 	$(VENV)/bin/mypy
 	MYPYPATH=tools $(VENV)/bin/mypy --strict bench
 
+# The pure tests: fast, and without root (root-marked ones are skipped then; CI runs them all).
 unit: build
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 test: build lint typecheck
 	$(PY) -m pytest -q $(PYTEST_ARGS)

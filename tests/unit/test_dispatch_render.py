@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,28 @@ def test_the_hook_dispatcher_carries_the_bounds() -> None:
 def test_an_unknown_template_name_fails_the_build() -> None:
     with pytest.raises(ValueError, match="NO_SUCH"):
         dispatch.render("echo @NO_SUCH@\n", "/p", "/k")
+
+
+def test_make_rebuilds_the_dispatchers_when_any_module_they_render_from_changes() -> None:
+    """The modules rendering imports (runtime.dispatch and what it pulls in, records/ids.py,
+    runtime/ocispec.py and fsutil.py among them): with any of them newer, `make` renders and
+    compiles again (`-W` pretends the file changed; `-n` runs nothing)."""
+    code = (
+        "import sys, gpuhook.runtime.dispatch as d; d.render_c(open(sys.argv[1]).read()); "
+        "print('\\n'.join(sorted({m.__file__ for n, m in sys.modules.items() "
+        "if n.startswith('gpuhook') and getattr(m, '__file__', None)})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "packaging" / "gpuhook-runtime.c.in")],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    modules = [Path(p) for p in out.stdout.split()]
+    names = {p.relative_to(REPO / "src").as_posix() for p in modules}
+    assert {"gpuhook/records/ids.py", "gpuhook/runtime/ocispec.py", "gpuhook/fsutil.py"} <= names
+    for module in modules:
+        for target in ("build/bin/gpuhook-runtime", "build/bin/gpuhook"):
+            plan = subprocess.run(
+                ["make", "-n", "-W", str(module.relative_to(REPO)), target],
+                capture_output=True, text=True, check=True, cwd=REPO,
+            )  # fmt: skip
+            assert "gpuhook.runtime.dispatch" in plan.stdout, (module, target)

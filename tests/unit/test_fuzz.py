@@ -156,6 +156,11 @@ K8S_VALUES = [
     "[1]",
 ]
 DOCKER_HOOK = {"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["x", "prestart"]}
+LEGACY_HOOK = {"path": "/usr/bin/nvidia-container-toolkit", "args": ["x", "prestart"]}
+PODMAN_POD = {
+    "io.kubernetes.cri-o.ContainerType": "container",
+    "io.kubernetes.cri-o.SandboxID": "s",
+}
 
 
 @st.composite
@@ -167,8 +172,10 @@ def spec_dicts(draw: st.DrawFn) -> dict[str, Any]:
         env.append(f"NVIDIA_VISIBLE_DEVICES={draw(ids)}")
     annotations: dict[str, Any] = {}
     ctype = st.sampled_from(["container", "container", "sandbox", "x"])
-    engine = draw(st.integers(0, 3))
-    if engine == 1:
+    engine = draw(st.integers(0, 4))
+    if engine == 4:
+        annotations.update(PODMAN_POD)
+    elif engine == 1:
         annotations.update(f.k8s(ctype=draw(ctype)))
     elif engine == 2:
         copied = draw(st.sampled_from([{}, {"io.kubernetes.cri-o.ContainerType": "container"}]))
@@ -186,14 +193,20 @@ def spec_dicts(draw: st.DrawFn) -> dict[str, Any]:
     for _ in range(draw(st.integers(0, 4)) // 3):  # the kubelet's per-pod mounts, now and then
         uid = draw(st.sampled_from(["pod-uid-1", "pod-uid-2"]))
         mounts.extend(f.kubelet_mounts(uid, draw(st.sampled_from(["main", "init"]))))
-    hooks = {"prestart": [DOCKER_HOOK]} if draw(st.integers(0, 4)) == 0 else None
+    if draw(st.booleans()):
+        env.append("CUDA_VERSION=12.4.1")  # a legacy CUDA image, with NVIDIA's hook: all
+    hook = draw(st.sampled_from([DOCKER_HOOK, LEGACY_HOOK, None, None, None, None]))
+    hooks = {"prestart": [hook]} if hook else None
+    power = draw(st.sampled_from(["privileged", "sys-admin", "", "", ""]))
     spec = f.spec(
         env=env,
         annotations=annotations,
         mounts=mounts,
         hooks=hooks,
-        privileged=draw(st.integers(0, 3)) == 0,
+        privileged=power == "privileged",
     )
+    if power == "sys-admin":  # capabilities.add: [SYS_ADMIN]: not privileged
+        spec["process"]["capabilities"]["bounding"].append("CAP_SYS_ADMIN")
     if draw(st.integers(0, 2)) == 0:  # damage one part of it
         where = draw(
             st.sampled_from(
@@ -254,7 +267,8 @@ def test_pipeline_raises_only_gpuhook_errors_and_never_grants_beyond_policy(
     spec: dict[str, Any], allocated: list[str], k8s_mode: str, standalone_trust: bool
 ) -> None:
     """Every channel, every identity: the grant stays within :func:`most_granted`, an oracle
-    written from DESIGN.md's trust rules that shares no code with the policy or the resolver
+    written from the trust rules (docs/architecture.md, SECURITY.md) that shares no code with the
+    policy or the resolver
     (it fails when the identity, marker or CDI verification rules are switched off)."""
     config = f.config(
         policy__kubernetes__env_requests=k8s_mode,
@@ -262,7 +276,8 @@ def test_pipeline_raises_only_gpuhook_errors_and_never_grants_beyond_policy(
     )
 
     def checkpoint(_path: str, uid: str, name: str) -> Allocation:
-        return Allocation(uid, name, (("nvidia.com/gpu", tuple(allocated)),), "cp")
+        gpu = ("nvidia.com/gpu", tuple(allocated))
+        return Allocation(uid, name, (gpu, ("nvidia.com/rdma_shared_device_a", ("0", "1"))), "cp")
 
     try:
         outcome = decide.run(
@@ -286,7 +301,7 @@ def test_pipeline_raises_only_gpuhook_errors_and_never_grants_beyond_policy(
         assert not outcome.edits.hooks
 
 
-# --- the oracle: what the trust rules of DESIGN.md allow at most, written from them ------------
+# --- the oracle: what the trust rules allow at most, written from them ---------------------------
 
 EVERY_DEVICE = frozenset(
     [g.uuid for g in INVENTORY.gpus] + [m.uuid for g in INVENTORY.gpus for m in g.mig_devices]
@@ -319,10 +334,7 @@ def most_granted(
         k: v for k, v in (annotations.items() if isinstance(annotations, dict) else ())
         if isinstance(k, str) and isinstance(v, str)
     }  # fmt: skip
-    process = spec.get("process") if isinstance(spec.get("process"), dict) else {}
-    caps = process.get("capabilities")
-    bounding = caps.get("bounding") if isinstance(caps, dict) else None
-    privileged = isinstance(bounding, list) and "CAP_SYS_ADMIN" in bounding
+    privileged = engine_privileged(spec)
     mounts = [m for m in spec.get("mounts") or () if isinstance(m, dict)] if isinstance(
         spec.get("mounts"), list) else []  # fmt: skip
     plugin = any(k.startswith("cdi.k8s.io/") for k in annotations) or any(
@@ -335,7 +347,8 @@ def most_granted(
     prestart = hooks.get("prestart") if isinstance(hooks, dict) else None
     docker = isinstance(prestart, list) and any(
         isinstance(h, dict) and isinstance(h.get("path"), str)
-        and h["path"].rsplit("/", 1)[-1] == "nvidia-container-runtime-hook"
+        and h["path"].rsplit("/", 1)[-1] in ("nvidia-container-runtime-hook",
+                                            "nvidia-container-toolkit")
         for h in prestart
     )  # fmt: skip
     pod = pod_container(annotations, mounts)
@@ -348,8 +361,35 @@ def most_granted(
     return allocated_devices(allocated) if mode == "verify" else frozenset()
 
 
+def engine_privileged(spec: dict[str, Any]) -> bool:
+    """What engines write for a privileged container: SYS_ADMIN, SYS_MODULE, SYS_RAWIO and
+    NET_ADMIN among others in the bounding set, and the device cgroup left open to everything."""
+    process = spec.get("process") if isinstance(spec.get("process"), dict) else {}
+    caps = process.get("capabilities")
+    bounding = caps.get("bounding") if isinstance(caps, dict) else None
+    wanted = {"CAP_SYS_ADMIN", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_NET_ADMIN"}
+    if not isinstance(bounding, list) or not wanted <= {c for c in bounding if isinstance(c, str)}:
+        return False
+    linux = spec.get("linux") if isinstance(spec.get("linux"), dict) else {}
+    resources = linux.get("resources") if isinstance(linux.get("resources"), dict) else {}
+    rules = resources.get("devices")
+    if not isinstance(rules, list) or not rules or not isinstance(rules[-1], dict):
+        return False
+    last = rules[-1]  # engines write the open rule last (or alone)
+    return last.get("allow") is True and not {"type", "major", "minor"} & {
+        k for k, v in last.items() if v not in (None, "", "a", -1)
+    } and set(str(last.get("access") or "rwm")) >= set("rwm")
+
+
 def pod_container(annotations: dict[str, str], mounts: list[dict[str, Any]]) -> bool | None:
     """None: no Kubernetes identity at all; True: a pod container; False: anything else."""
+    podman_keys = {"io.kubernetes.cri-o.ContainerType", "io.kubernetes.cri-o.SandboxID",
+                   "io.kubernetes.cri-o.Created", "io.kubernetes.cri-o.TTY"}  # fmt: skip
+    ours = {k for k in annotations if k.startswith("io.kubernetes.")}
+    podman = annotations.get("io.kubernetes.cri-o.ContainerType") == "container" and (
+        ours <= podman_keys)  # fmt: skip
+    if podman:
+        annotations = {k: v for k, v in annotations.items() if k not in podman_keys}
     engines = [
         keys for keys in (CONTAINERD_IDENTITY, CRIO_IDENTITY)
         if any(k in annotations for k in (keys["type"], keys["uid"], keys["name"], *keys["others"]))
@@ -394,8 +434,9 @@ def crio_keys_are_its_own(annotations: dict[str, str]) -> bool:
 
 
 def allocated_devices(allocated: list[str]) -> frozenset[str]:
-    """The fuzz allocation's ids as device UUIDs (an index, a UUID in any case; unknown: none)."""
-    by_name = {u.lower(): u for u in EVERY_DEVICE} | {str(g.index): g.uuid for g in INVENTORY.gpus}
+    """The fuzz allocation's GPU ids as device UUIDs (a UUID in any case; an index or an unknown
+    id: none, the create fails). The RDMA resource's ids are never devices."""
+    by_name = {u.lower(): u for u in EVERY_DEVICE}
     return frozenset(by_name[a.lower()] for a in allocated if a.lower() in by_name)
 
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 # --- what a container asks for ------------------------------------------------------------------
 
-# Request channels, in priority order (DESIGN.md, trust model).
+# Request channels, in priority order (docs/architecture.md, trust model).
 CHANNEL_CDI = "cdi-annotation"
 CHANNEL_MOUNT = "mount-marker"
 CHANNEL_DOCKER = "docker-gpus"

@@ -1,7 +1,7 @@
 """Request x config x allocation -> :class:`Decision` (pure). Who may ask for a GPU.
 
-Channels in priority order (DESIGN.md, trust model): CDI annotations, volume-mount markers,
-docker's ``--gpus`` (its prestart hook), then ``NVIDIA_VISIBLE_DEVICES`` in the process env. The
+Channels in priority order (docs/architecture.md, trust model): CDI annotations, volume-mount
+markers, docker's ``--gpus`` (its prestart hook), then ``NVIDIA_VISIBLE_DEVICES`` in the env. The
 first channel that carries a request is the one decided; the others are recorded as superseded
 (a malformed one too: only the deciding channel can fail a create).
 
