@@ -148,6 +148,30 @@ def test_a_healthy_node_passes_and_leaves_nothing_behind(snode: FakeNode) -> Non
     assert leftovers(snode, state) == before
 
 
+def test_sigterm_still_cleans_up(snode: FakeNode) -> None:
+    """Stopped part way (here: once its first container is under way), it deletes what it made
+    and exits 143 with one line."""
+    import signal
+    import time
+
+    state = snode.root / "state"
+    before = leftovers(snode, state)
+    proc = subprocess.Popen(
+        [testbed.GPUHOOK, "selftest", "-o", "json"],
+        env={**os.environ, **snode.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not list(state.glob("gpuhook-selftest-*/containers/*")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out, err) == (143, "", "gpuhook: selftest: interrupted by SIGTERM\n")
+    assert leftovers(snode, state) == before
+
+
 def test_the_table(snode: FakeNode) -> None:
     out = snode.gpuhook("selftest", "-o", "table", "--gpu", "0")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -46,8 +46,14 @@ MASKED = [
 READONLY = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
-def spec(args: Sequence[str], env: Sequence[str], annotations: Mapping[str, str]) -> dict[str, Any]:
-    """An OCI spec as ``runc spec`` makes it (runtime spec 1.0), for ``rootfs`` in the bundle."""
+def spec(
+    args: Sequence[str],
+    env: Sequence[str],
+    annotations: Mapping[str, str],
+    cgroups_path: str = "",
+) -> dict[str, Any]:
+    """An OCI spec as ``runc spec`` makes it (runtime spec 1.0), for ``rootfs`` in the bundle;
+    ``cgroups_path`` (absolute) where the runtime is to make the container's cgroup."""
     nosuid = ["nosuid", "noexec", "nodev"]
     return {
         "ociVersion": "1.0.2",
@@ -92,6 +98,7 @@ def spec(args: Sequence[str], env: Sequence[str], annotations: Mapping[str, str]
             "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
             "maskedPaths": list(MASKED),
             "readonlyPaths": list(READONLY),
+            **({"cgroupsPath": cgroups_path} if cgroups_path else {}),
         },
     }
 

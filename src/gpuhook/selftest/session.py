@@ -138,7 +138,11 @@ class Session:
         self.ran = 0
         self.failures: dict[str, str] = {}  # create failure line -> the check that saw it
         # gpuhook-runtime makes these for the first GPU container; removed again when empty
-        made_by_creates = (config.records_dir, os.path.join(config.state_dir, execenv.DIR))
+        made_by_creates = (
+            config.records_dir,
+            os.path.join(config.state_dir, execenv.DIR),
+            config.state_dir,
+        )
         self.new_folders = [f for f in made_by_creates if not os.path.lexists(f)]
 
     def runtimes(self) -> dict[str, str]:
@@ -156,7 +160,7 @@ class Session:
         cuda = rootfs.CUDA_PROGRAM if self.cuda is not None and self.cuda.path else ""
         programs = (self.smi, self.mps_control, cuda) if gpu else ("", "", "")
         script = bundle.probe(*programs, env=gpu)
-        data = bundle.spec(("/bin/sh", "-c", script), env, annotations)
+        data = bundle.spec(("/bin/sh", "-c", script), env, annotations, f"/{cid}")
         path = self._bundle(name, data)
         self.ids.append(cid)
         ran = self._run(self.gpuhook, path, cid)
@@ -165,6 +169,7 @@ class Session:
         self._forget_record(cid)
         plain: lifecycle.Ran | None = None
         if self.runc is not None and not ran.error:
+            data["linux"]["cgroupsPath"] = f"/{cid}-runc"
             plain_path = self._bundle(name + "-runc", data)
             plain = self._run(self.runc, plain_path, cid + "-runc")
             self._delete(self.runc, cid + "-runc")
@@ -257,6 +262,7 @@ class Session:
             if problem:
                 problems.append(f"container {cid} under {self.root}: {problem}")
         problems += [p for p in (self._forget_record(cid) for cid in self.ids) if p]
+        problems += remove_cgroups([n for cid in self.ids for n in (cid, f"{cid}-runc")])
         lister = self.runc or self.gpuhook
         left = lister.listed()
         if left:
@@ -284,6 +290,37 @@ class Session:
             f"deleted its {self.created} containers, removed their {self.links_removed} record "
             f"links and {self.work_dir}",
         )
+
+
+def remove_cgroups(names: list[str]) -> list[str]:
+    """Remove the cgroups ``/<name>`` a runtime left in any cgroup hierarchy (a create that
+    was interrupted leaves its cgroup behind); what could not be removed. ``rmdir`` removes
+    only an empty cgroup."""
+    problems = []
+    for mount in cgroup_mounts():
+        for name in names:
+            path = os.path.join(mount, name)
+            if os.path.isdir(path):
+                try:
+                    os.rmdir(path)
+                except OSError as exc:
+                    problems.append(f"cgroup {path}: {exc.strerror}")
+    return problems
+
+
+def cgroup_mounts() -> list[str]:
+    """The mount points of the cgroup hierarchies (v1 and v2) this process sees."""
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        if rest.split(" ", 1)[0] in ("cgroup", "cgroup2"):
+            found.append(fields.split(" ")[4].replace("\\040", " "))
+    return found
 
 
 def _points_into(link: str, folder: str) -> bool:
