@@ -321,22 +321,53 @@ def test_the_cuda_program_runs_in_each_gpu_container(snode: FakeNode, fake_cuda:
     ]
 
 
-@pytest.mark.skipif(
-    not (shutil.which("nvcc") or os.access("/usr/local/cuda/bin/nvcc", os.X_OK)),
-    reason="no nvcc (CUDA toolkit) on this machine",
-)
-def test_cuda_builds_gpuhooks_program_with_nvcc_and_it_reaches_the_injected_driver(
-    snode: FakeNode,
+FAKE_NVCC = """#!/bin/sh
+# a stand-in for nvcc: records its argv, "builds" the fake CUDA program (or fails as told)
+printf '%s\\n' "$@" > {argv}
+if [ -n "{fail}" ]; then echo "nvcc fatal   : {fail}" >&2; exit 1; fi
+while [ "$1" != "-o" ]; do shift; done
+exec cp {program} "$2"
+"""
+
+
+@pytest.mark.parametrize("fail", ["", "Unsupported gpu architecture 'compute_90'"])
+def test_cuda_builds_gpuhooks_program_with_the_hosts_nvcc(
+    snode: FakeNode, fake_cuda: Path, tmp_path: Path, fail: str
 ) -> None:
-    """No GPU here: the program, built with the host's nvcc, runs in the container and gets as
-    far as the fake node's libcuda.so.1 (injected by gpuhook), which is not a CUDA driver."""
-    code, view, _ = selftest(snode, "--gpu", "0", "--cuda")
+    """Without --cuda-program, gpuhook's cuda_probe.cu is built with the nvcc on PATH, for the
+    GPUs' compute capability, statically linked to the CUDA runtime; a failed build is the
+    cuda line, and the GPU checks go on without the program."""
+    from gpuhook.selftest import cuda
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    nvcc = bindir / "nvcc"
+    argv = tmp_path / "argv"
+    nvcc.write_text(FAKE_NVCC.format(argv=argv, fail=fail, program=fake_cuda))
+    nvcc.chmod(0o755)
+    path = f"{bindir}:{os.environ['PATH']}"
+    code, view, _ = selftest(snode, "--gpu", "0", "--cuda", env={"PATH": path})
     got = lines(view)
-    assert got["cuda"][0] == "pass" and got["cuda"][1].startswith("the CUDA program: built with ")
-    assert got["cuda"][1].endswith(" for sm_90")
-    assert got["cuda gpu 0"][0] == "fail"
-    assert got["cuda gpu 0"][1].startswith("exited with 1: cudaGetDeviceCount: ")
-    assert code == 1
+    built = argv.read_text().splitlines()
+    assert built[:4] == ["-O2", "-cudart", "static", "-o"]
+    assert built[4].startswith(view["work_dir"]) and built[5] == cuda.SOURCE
+    gencode = ["arch=compute_90,code=sm_90", "arch=compute_90,code=compute_90"]
+    assert built[6:] == [w for g in gencode for w in ("-gencode", g)]
+    if fail:
+        assert code == 1
+        assert failed(view) == [
+            (
+                "cuda",
+                f"built with {nvcc} for sm_90: failed: nvcc fatal : {fail}",
+                "give a program built elsewhere: --cuda-program PATH (nvcc -cudart static -o "
+                f"PATH {cuda.SOURCE})",
+            )
+        ]
+        assert got["gpu 0"][0] == "pass" and "cuda gpu 0" not in got
+    else:
+        assert code == 0, failed(view)
+        assert got["cuda"][1] == f"the CUDA program: built with {nvcc} for sm_90"
+        assert got["cuda gpu 0"][1].startswith(f"Fake H100 ({uuid(snode, 0)}), 132 SMs")
 
 
 def test_through_the_runtime_service(

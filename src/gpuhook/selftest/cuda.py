@@ -79,12 +79,12 @@ def program(given: str, work_dir: str, capabilities: Iterable[str]) -> Program:
             cwd=work_dir,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return Program("", f"built with {nvcc}", f"{nvcc}: {exc}")
+        return Program("", f"built with {nvcc}", f"cannot run it: {exc}")
     origin = f"built with {nvcc}" + (f" for sm_{', sm_'.join(archs)}" if archs else "")
     if built.returncode != 0:
         lines = [line for line in (built.stderr + built.stdout).splitlines() if line.strip()]
         why = lines[-1].strip() if lines else f"exit code {built.returncode}"
-        return Program("", origin, f"{nvcc} failed: {why}")
+        return Program("", origin, f"failed: {why}")
     return Program(out, origin)
 
 

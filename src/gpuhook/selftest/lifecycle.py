@@ -71,6 +71,18 @@ def become_subreaper(on: bool = True) -> bool:
         return False
 
 
+def reap_orphans() -> None:
+    """Collect the exit of every child that has exited (as a subreaper, this process inherits
+    the runtime's orphans: an init left by a create that was killed)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 class Runtime:
     """An OCI runtime executable (gpuhook-runtime, or runc for the baseline) with the private
     state folder it is given as ``--root`` and the environment it runs with."""

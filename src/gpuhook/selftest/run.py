@@ -10,7 +10,13 @@ from gpuhook import config as config_mod
 from gpuhook.errors import GpuhookError
 from gpuhook.selftest import checks, lifecycle, report, rootfs
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result
-from gpuhook.selftest.session import Session, on_signals, restore_signals
+from gpuhook.selftest.session import (
+    Interrupted,
+    Session,
+    hold_signals,
+    on_signals,
+    restore_signals,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -44,11 +50,26 @@ def run(config: Config, options: Options) -> dict[str, Any]:
             results.append(bundle_line(session))
             if results[-1].status == PASS:
                 results += containers(session, chosen)
+    except Interrupted as exc:
+        end = finish(session, previous)
+        if end.status == FAIL:  # say what is left, in the one line
+            raise Interrupted(f"{exc}; {end.message}", exc.signum) from None
+        raise
+    except BaseException:
+        finish(session, previous)
+        raise
+    results.append(finish(session, previous))
+    return report.view(results, session.timings, session.work_dir, session.runtimes())
+
+
+def finish(session: Session, previous: dict[int, Any]) -> Result:
+    """The cleanup, which no signal interrupts; then this process is as it was."""
+    hold_signals()
+    try:
+        return session.cleanup()
     finally:
-        results.append(session.cleanup())
         lifecycle.become_subreaper(False)
         restore_signals(previous)
-    return report.view(results, session.timings, session.work_dir, session.runtimes())
 
 
 def load_inventory(config: Config) -> tuple[Inventory | None, Result]:

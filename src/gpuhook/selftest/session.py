@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import tempfile
+import time
 
 from gpuhook import config as config_mod
 from gpuhook.errors import GpuhookError
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from gpuhook.selftest.cuda import Program
 
 CONTAINER_TIMEOUT_S = 120.0
+KILL_TIMEOUT_S = 10.0
 ID_PREFIX = "gpuhook-selftest"
 
 
@@ -293,19 +295,44 @@ class Session:
 
 
 def remove_cgroups(names: list[str]) -> list[str]:
-    """Remove the cgroups ``/<name>`` a runtime left in any cgroup hierarchy (a create that
-    was interrupted leaves its cgroup behind); what could not be removed. ``rmdir`` removes
-    only an empty cgroup."""
+    """Remove the cgroups ``/<name>`` a runtime left in any cgroup hierarchy, killing what
+    still runs in them first (a create that was interrupted leaves its cgroup behind, and may
+    leave runc's init waiting there); what could not be removed."""
+    paths = [
+        os.path.join(mount, name)
+        for mount in cgroup_mounts()
+        for name in names
+        if os.path.isdir(os.path.join(mount, name))
+    ]
+    if not paths:
+        return []
+    deadline = time.monotonic() + KILL_TIMEOUT_S
+    while True:
+        alive = [pid for path in paths for pid in _procs(path)]
+        if not alive or time.monotonic() > deadline:
+            break
+        for pid in set(alive):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        lifecycle.reap_orphans()
+        time.sleep(0.02)
     problems = []
-    for mount in cgroup_mounts():
-        for name in names:
-            path = os.path.join(mount, name)
-            if os.path.isdir(path):
-                try:
-                    os.rmdir(path)
-                except OSError as exc:
-                    problems.append(f"cgroup {path}: {exc.strerror}")
+    for path in paths:
+        try:
+            os.rmdir(path)
+        except OSError as exc:
+            problems.append(f"cgroup {path}: {exc.strerror}")
     return problems
+
+
+def _procs(cgroup: str) -> list[int]:
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as fh:
+            return [int(p) for p in fh.read().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def cgroup_mounts() -> list[str]:
@@ -347,18 +374,36 @@ def fix_for(error: str, config: Config) -> str:
 
 
 class Interrupted(GpuhookError):
-    """SIGTERM or SIGHUP during the run: the cleanup still runs."""
+    """SIGINT, SIGTERM or SIGHUP during the run: the cleanup still runs; exit 128 + signal."""
 
-    exit_code = 143
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def on_signals() -> dict[int, Any]:
-    """Turn SIGTERM and SIGHUP into :class:`Interrupted`; the handlers they replace."""
+    """Turn SIGINT, SIGTERM and SIGHUP into :class:`Interrupted`; the handlers they replace."""
 
     def interrupt(signum: int, _frame: object) -> None:
-        raise Interrupted(f"selftest: interrupted by {signal.Signals(signum).name}")
+        name = signal.Signals(signum).name
+        raise Interrupted(f"selftest: interrupted by {name}", signum)
 
-    return {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    return {s: signal.signal(s, interrupt) for s in SIGNALS}
+
+
+def hold_signals() -> None:
+    """Let those signals no longer interrupt (the cleanup must finish). A handler, not SIG_IGN:
+    the programs the cleanup runs get the default dispositions."""
+    for signum in SIGNALS:
+        signal.signal(signum, _ignore)
+
+
+def _ignore(_signum: int, _frame: object) -> None:
+    return None
 
 
 def restore_signals(previous: dict[int, Any]) -> None:
