@@ -10,6 +10,8 @@
    the same pod once the kubelet allocated GPU 2 to it. Each prints the /dev/nvidia* nodes it
    sees and runs nvidia-smi -L.
 4. gpuhook inspect spec on the leak case: the decision and its reasons.
+5. gpuhook selftest: every GPU and MIG device, the leak case and a plain container, each in a
+   throwaway container of its own (through the runtime service), judged and timed.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ def main() -> None:
         print(service.stdout.readline(), end="", flush=True)
     try:
         containers(env, checkpoint)
+        step("5. gpuhook selftest: the node end to end, with containers of its own")
+        sh([testbed.GPUHOOK, "selftest", "--output", "table"], env)
     finally:
         service.terminate()
         service.wait(timeout=30)

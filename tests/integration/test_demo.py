@@ -39,3 +39,6 @@ def test_the_demo_runs_real_containers_and_explains_them(tmp_path: Path) -> None
     assert "gpuhook runtime service: listening on " in run.stdout
     pod = run.stdout.split("inspect pod ml/trainer", 1)[1]
     assert "demo-leak" in pod and "refused" in pod and "demo-alloc" in pod and "granted 2" in pod
+    selftest = run.stdout.split("gpuhook selftest --output table", 1)[1]
+    assert "PASS  mig 7:2 " in selftest and "PASS  kubernetes " in selftest
+    assert "selftest: 0 failed, 18 passed, 1 skipped" in selftest

@@ -822,6 +822,63 @@ def doctor_command(
         raise ChecksFailedError(f"doctor: {len(failed)} failed: {', '.join(failed)}")
 
 
+@main.command("selftest")
+@output_option
+@click.option(
+    "--gpu",
+    "gpus",
+    multiple=True,
+    metavar="ID",
+    help="Test this GPU or MIG device only (index, UUID, GPU:MIG, MIG UUID; repeatable). "
+    "Default: every GPU and MIG device.",
+)
+@click.option("--cuda", is_flag=True, help="Also run a CUDA program in the GPU containers.")
+@click.option(
+    "--cuda-program",
+    metavar="PATH",
+    help="The CUDA program --cuda runs (default: gpuhook's, built with the host's nvcc).",
+)
+@click.option(
+    "--runtime",
+    "runtime_path",
+    metavar="PATH",
+    help="The gpuhook-runtime to test (default: the one beside this gpuhook).",
+)
+@pass_ctx
+def selftest_command(
+    obj: Context,
+    output: str | None,
+    gpus: tuple[str, ...],
+    cuda: bool,
+    cuda_program: str | None,
+    runtime_path: str | None,
+) -> None:
+    """Prove the node works: run real containers through gpuhook-runtime, as an engine does.
+
+    A throwaway bundle made from this host's files (no image pull), a private runc --root and a
+    temp folder, all removed afterwards; the node's engines and their containers are never
+    touched. Checks: a plain container; each GPU and MIG device granted alone (nvidia-smi -L
+    inside must list it alone, its decision record must say so); an unallocated pod container
+    with NVIDIA_VISIBLE_DEVICES=all sees no GPU; each MPS group's client gets its limits and
+    its daemon answers; with --cuda, a CUDA program in each. One line per check, with the fix
+    for each failure, and each container's create-to-exit time against plain runc; exit 1 when
+    any check fails."""
+    from gpuhook.errors import ChecksFailedError
+    from gpuhook.selftest import report
+    from gpuhook.selftest.run import run as run_selftest
+    from gpuhook.selftest.session import Options
+
+    if cuda_program and not cuda:
+        raise UsageError("selftest: --cuda-program needs --cuda")
+    options = Options(gpus, cuda, cuda_program or "", runtime_path or "")
+    view = run_selftest(obj.config(), options)
+    log.get_logger().info("selftest", ok=view["ok"], **view["summary"])
+    emit(view, output, report.table)
+    if not view["ok"]:
+        failed = [c["check"] for c in view["checks"] if c["status"] == report.FAIL]
+        raise ChecksFailedError(f"selftest: {len(failed)} failed: {', '.join(failed)}")
+
+
 def run(argv: list[str]) -> int:
     """Run the CLI; the one place a CLI failure becomes an exit code and one line."""
     try:
