@@ -65,6 +65,7 @@ def paper_node(folder: Path, **sections: Any) -> Path:
         "log": {"level": "info", "file": str(folder / "log" / "gpuhook.log")},
         "inventory": {"path": str(inv_path), "auto_refresh": False},
         "hook": {"path": "/bin/true", "ldconfig": "/bin/true"},
+        "cdi": {"spec_dirs": [str(folder / "cdi")]},  # never the host's CDI folders
     }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):
