@@ -123,12 +123,18 @@ def inventory_group() -> None:
 
 
 def _refresh(config: Config) -> Inventory:
-    """Refresh the inventory and, when ``cdi.output`` is set, the CDI spec made from it (every
-    refresh a person asks for; the lazy one of the create path leaves the spec)."""
+    """Refresh the inventory, the /dev/char links of its device nodes and, when ``cdi.output``
+    is set, the CDI spec made from it (every refresh a person asks for; the lazy one of the
+    create path does neither)."""
     from gpuhook.engines import cdi
-    from gpuhook.inventory import store
+    from gpuhook.inventory import devchar, store
 
     inventory = store.refresh(config)
+    made, problems = devchar.ensure(config.dev_root, inventory)
+    if made:
+        log.get_logger().info("dev char links made", count=made)
+    for problem in problems:
+        click.echo(f"warning: {problem}", err=True)
     cdi.export(inventory, config)
     return inventory
 
