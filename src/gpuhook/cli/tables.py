@@ -355,9 +355,10 @@ def decision_table(view: dict[str, Any], color: bool = False) -> str:
     rows = _edit_rows(view.get("edits"))
     if rows:
         out.append(section("Injected", table(["KIND", "WHAT"], rows), color))
-    notes = [[n["what"], n["why"]] for n in (view.get("edits") or {}).get("notes", [])]
-    if notes:
-        out.append(section("Driver edits", table(["EDIT", "WHY"], notes), color))
+    notes = (view.get("edits") or {}).get("notes", [])
+    if notes:  # each edit, then why on its own indented line (both can be long)
+        body = "".join(f"{n['what']}\n    {n['why']}\n" for n in notes)
+        out.append(section("Driver edits", body, color))
     return "\n".join(out)
 
 

@@ -171,7 +171,10 @@ def _graphics(
         notes.append(
             Note(
                 f"GLX indirect link {lib_dir}/{GLX_INDIRECT} -> {glx.soname}",
-                "graphics capability: glvnd's vendor for indirect GLX contexts",
+                "graphics capability: glvnd's vendor for indirect GLX contexts (glvnd opens it "
+                "by name, which ldconfig does not list for a link: it is found where the "
+                "library folder is on LD_LIBRARY_PATH; __GLX_VENDOR_LIBRARY_NAME=nvidia needs "
+                "no link)",
             )
         )
     gbm = _by_prefix(libs, GBM_LIBRARY)
@@ -215,7 +218,8 @@ def _modeset_notes(inventory: Inventory, caps: frozenset[str]) -> list[Note]:
         notes.append(
             Note(
                 "display: no X server driver files on this host (headless)",
-                "the container gets the modeset node and nothing else; it is not refused",
+                "display adds the modeset node and nothing else here; the container is not "
+                "refused",
             )
         )
     return notes

@@ -55,9 +55,16 @@ def checkpoint(path: str, pod_uid: str, container: str) -> Allocation:
 
 
 def compat_library(rootfs: str) -> CompatLibrary | None:
+    """The image's forward compatibility libcuda. Whatever goes wrong reading it makes it
+    unusable (a reason for ``inspect``), never a failed create: the host's libcuda still works."""
     from gpuhook.runtime import imagefs
 
-    return imagefs.compat_library(rootfs)
+    try:
+        return imagefs.compat_library(rootfs)
+    except Exception as exc:  # a malformed image must not fail a GPU container
+        from gpuhook.pipeline.compat import COMPAT_DIR, CompatLibrary
+
+        return CompatLibrary(COMPAT_DIR, problem=f"{COMPAT_DIR} could not be read ({exc!r})")
 
 
 def mps_probe(pipe_dir: str) -> int | None:

@@ -157,8 +157,9 @@ def prepare(plan: Plan) -> tuple[list[str], str]:
     if parsed is None:
         return warnings, ""
     from gpuhook.pipeline import compat
+    from gpuhook.runtime.decide import compat_library
 
-    lib = imagefs.compat_library(plan.rootfs)
+    lib = compat_library(plan.rootfs)
     if lib is None:
         return warnings, ""
     choice = compat.choose(lib, parsed[0], parsed[1])
