@@ -333,3 +333,25 @@ def cdi_edits(*parts: dict[str, Any]) -> Any:
             for h in p.get("hooks", [])
         ]
     return ContainerEdits(device_nodes=tuple(nodes), mounts=tuple(mounts), hooks=tuple(hooks))
+
+
+def test_an_images_own_libcuda_never_shadows_the_injected_one(
+    node: FakeNode, containers: Containers, tools: dict[str, Path], tmp_path: Path
+) -> None:
+    """The image ships a libcuda.so.1 in a folder its ld.so.conf lists (and its cache names):
+    the injected folder is given to ldconfig first, so the cache keeps the driver's."""
+    bundle = prepared(containers, "/loader libcuda.so.1", "NVIDIA_VISIBLE_DEVICES=0")
+    rootfs = bundle / "rootfs"
+    image = tmp_path / "image"
+    driverimages.install_compat(image, "999.1.1", None)
+    stub = image / "usr/local/cuda-12.8/compat/libcuda.so.999.1.1"
+    (rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.999.1.1").write_bytes(stub.read_bytes())
+    (rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1").symlink_to("libcuda.so.999.1.1")
+    subprocess.run(["/sbin/ldconfig", "-r", str(rootfs)], check=True)
+    (rootfs / "loader").write_bytes(tools["loader"].read_bytes())
+    (rootfs / "loader").chmod(0o755)
+    out = containers.run(bundle, node.env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"libcuda.so.1 => {LIB}/libcuda.so.1: fake NVIDIA driver"), (
+        out.stdout
+    )
