@@ -18,7 +18,23 @@ def mig_uuid(g: int, m: int) -> str:
     return f"MIG-{g:04x}{m:04x}-aaaa-bbbb-cccc-{g * 100 + m:012x}"
 
 
-def inventory(gpus: int = 8, mig: dict[int, int] | None = None) -> Inventory:
+def _lib(name: str, soname: str, capability: str, dev_link: str = "") -> Library:
+    return Library(
+        f"{name}.550.54.15",
+        f"/d/usr/lib/{name}.550.54.15",
+        soname,
+        "550.54.15",
+        capability,
+        dev_link,
+    )
+
+
+def inventory(
+    gpus: int = 8, mig: dict[int, int] | None = None, brand: int = 14, graphics: bool = True
+) -> Inventory:
+    """``gpus`` GPUs of NVML ``brand`` (MIG devices per ``mig``); compute, utility and video
+    libraries (libcuda and libnvidia-ml with their development links) and, with ``graphics``,
+    the graphics libraries and loader files, libnvidia-allocator and /dev/nvidia-modeset."""
     mig = mig or {}
     out = []
     cap = 10
@@ -55,6 +71,7 @@ def inventory(gpus: int = 8, mig: dict[int, int] | None = None) -> Inventory:
                 i in mig,
                 tuple(migs),
                 DeviceNode(f"/dev/nvidia{i}", f"/x/dev/nvidia{i}", 195, i, 0o666),
+                brand,
             )
         )
     control = [
@@ -62,31 +79,36 @@ def inventory(gpus: int = 8, mig: dict[int, int] | None = None) -> Inventory:
         DeviceNode("/dev/nvidia-uvm", "/x/dev/nvidia-uvm", 510, 0),
     ]
     libs = [
-        Library(
-            "libcuda.so.550.54.15",
-            "/d/usr/lib/libcuda.so.550.54.15",
-            "libcuda.so.1",
-            "550.54.15",
-            "compute",
-        ),
-        Library(
-            "libnvidia-ml.so.550.54.15",
-            "/d/usr/lib/libnvidia-ml.so.550.54.15",
-            "libnvidia-ml.so.1",
-            "550.54.15",
-            "utility",
-        ),
-        Library(
-            "libnvcuvid.so.550.54.15",
-            "/d/usr/lib/libnvcuvid.so.550.54.15",
-            "libnvcuvid.so.1",
-            "550.54.15",
-            "video",
-        ),
+        _lib("libcuda.so", "libcuda.so.1", "compute", "libcuda.so"),
+        _lib("libnvidia-ml.so", "libnvidia-ml.so.1", "utility", "libnvidia-ml.so"),
+        _lib("libnvcuvid.so", "libnvcuvid.so.1", "video"),
     ]
     files = [
         HostFile("binary", "nvidia-smi", "/d/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi", "utility")
     ]
+    if graphics:
+        control.append(DeviceNode("/dev/nvidia-modeset", "/x/dev/nvidia-modeset", 195, 254))
+        libs += [
+            _lib("libnvidia-allocator.so", "libnvidia-allocator.so.1", "compute"),
+            _lib("libGLX_nvidia.so", "libGLX_nvidia.so.0", "graphics"),
+            _lib("libEGL_nvidia.so", "libEGL_nvidia.so.0", "graphics"),
+        ]
+        files += [
+            HostFile(
+                "loader",
+                "10_nvidia.json",
+                "/d/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+                "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+                "graphics",
+            ),
+            HostFile(
+                "loader",
+                "nvidia_icd.json",
+                "/d/etc/vulkan/icd.d/nvidia_icd.json",
+                "/etc/vulkan/icd.d/nvidia_icd.json",
+                "graphics",
+            ),
+        ]
     return Inventory(
         1.0,
         "/d",

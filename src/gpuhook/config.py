@@ -59,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
         "lib_dir": "/usr/local/gpuhook/lib",
         "bin_dir": "/usr/bin",
         "default_capabilities": ["compute", "utility"],
+        "cuda_compat": True,
     },
     "hook": {"path": None, "ldconfig": "/sbin/ldconfig"},  # path None: beside gpuhook-runtime
     "cdi": {
@@ -305,6 +306,12 @@ class Config(Frozen):
             ),
             mps=MpsConfig(data["mps"]),
         )
+
+    @property
+    def cuda_compat(self) -> bool:
+        """``inject.cuda_compat``: use an image's CUDA forward compatibility libraries when they
+        are newer than the host driver and support its branch and GPUs."""
+        return bool(self.data["inject"]["cuda_compat"])
 
     @property
     def hook_path(self) -> str:

@@ -33,7 +33,8 @@ from tests.integration.test_leak_matrix import write_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
-CONTROL = ["/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
+# compute and utility (the default capabilities): no /dev/nvidia-modeset
+CONTROL = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
 NS = "gpuhook-test"
 IMAGE_ALL = "docker.io/gpuhook-test/env-all:1"
 IMAGE_PLAIN = "docker.io/gpuhook-test/plain:1"

@@ -31,9 +31,9 @@ def test_the_demo_runs_real_containers_and_explains_them(tmp_path: Path) -> None
     seen = [line for line in run.stdout.splitlines() if line.startswith("/dev nodes:")]
     # 3a: docker-style GPU 1; 3b: the default-all leak, refused; 3c: the allocated GPU 2
     assert [s.split(":", 1)[1].split() for s in seen] == [
-        ["nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidia1", "nvidiactl"],
+        ["nvidia-uvm", "nvidia-uvm-tools", "nvidia1", "nvidiactl"],
         [],
-        ["nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidia2", "nvidiactl"],
+        ["nvidia-uvm", "nvidia-uvm-tools", "nvidia2", "nvidiactl"],
     ]
     assert "NVIDIA_VISIBLE_DEVICES=void" in run.stdout
     assert "gpuhook runtime service: listening on " in run.stdout

@@ -18,7 +18,8 @@ from tests.integration import engines
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
-CONTROL = ["/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
+# compute and utility (the default capabilities): no /dev/nvidia-modeset
+CONTROL = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
 IMAGE_ALL = "gpuhook-test/env-all:1"
 IMAGE_PLAIN = "gpuhook-test/plain:1"
 IMAGE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"

@@ -89,6 +89,7 @@ def test_a_healthy_node_passes(node: FakeNode, engines: Engines, tmp_path: Path)
         "config",
         "inventory",
         "device nodes",
+        "dev char links",
         "libraries video",
         "runtime",
         "hook",
@@ -149,6 +150,30 @@ def test_a_device_node_removed(fake_node_factory: Any, engines: Engines, tmp_pat
         "refresh",
     )
     assert lines["inventory"][0] == "PASS"  # the inventory itself is still current
+
+
+def test_dev_char_links_missing_or_wrong(
+    fake_node_factory: Any, engines: Engines, tmp_path: Path
+) -> None:
+    node: FakeNode = fake_node_factory("--gpus", "2")
+    node.refresh()
+    char = node.root / "dev" / "dev" / "char"
+    code, lines = doctor(node, healthy_env(node, tmp_path), engines)
+    assert lines["dev char links"] == ("PASS", "6 NVIDIA device nodes linked under /dev/char")
+    (char / "195:0").unlink()
+    (char / "195:1").unlink()
+    (char / "195:1").symlink_to("../nvidia0")  # the wrong node
+    code, lines = doctor(node, healthy_env(node, tmp_path), engines)
+    assert code == 0  # a warning: only the systemd cgroup driver needs them
+    assert lines["dev char links"] == (
+        "WARN",
+        f"2 of 6 NVIDIA device nodes lack a correct /dev/char link: {char}/195:0 (/dev/nvidia0), "
+        f"{char}/195:1 (/dev/nvidia1); with the systemd cgroup driver their containers lose the "
+        "GPU at the next systemctl daemon-reload; fix: gpuhook inventory refresh (it makes the "
+        "links)",
+    )
+    node.refresh()
+    assert doctor(node, healthy_env(node, tmp_path), engines)[1]["dev char links"][0] == "PASS"
 
 
 def test_runc_not_found(node: FakeNode, engines: Engines, tmp_path: Path) -> None:

@@ -31,7 +31,8 @@ from tests.hostile import CLIMB, Host, build_planted_library, mounts_under, one_
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
-CONTROL = ["/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
+# compute and utility (the default capabilities): no /dev/nvidia-modeset
+CONTROL = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
 GPU1 = sorted([*CONTROL, "/dev/nvidia1"])
 
 

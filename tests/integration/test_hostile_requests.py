@@ -116,7 +116,8 @@ def test_all_capabilities_with_allocation_get_only_its_gpu(
         env=["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"],
         annotations=f.k8s(),
     )
-    assert seen["dev"] == gpus(4), seen["stderr"]
+    # graphics and display are among "all": the modeset node too
+    assert seen["dev"] == sorted([*gpus(4), "/dev/nvidia-modeset"]), seen["stderr"]
     assert any("libnvidia-encode.so.1" in line for line in seen["ldconfig"])  # video, as asked
 
 

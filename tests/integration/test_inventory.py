@@ -72,12 +72,95 @@ def test_inspect_node_reports_exactly_the_fake_node(node: FakeNode) -> None:
     assert {b["name"] for b in view["binaries"]} >= {"nvidia-smi", "nvidia-cuda-mps-control"}
     assert view["ipc_sockets"][0]["container_path"].endswith("nvidia-persistenced/socket")
     assert view["firmware"]
+    assert {g["brand"] for g in view["gpus"]} == {14}
+    dev_links = {
+        lib["soname"]: lib["dev_link"]
+        for libs in view["libraries"].values()
+        for lib in libs["found"]
+    }
+    assert dev_links == {
+        lib["soname"]: lib["name"] if lib["dev_link"] else ""
+        for libs in truth["libraries"].values()
+        for lib in libs
+    }
+    assert [(f["name"], f["path"], f["container_path"]) for f in view["graphics_loader_files"]] == [
+        (f["name"], f["host_path"], want)
+        for f, want in zip(
+            truth["loader_files"],
+            (
+                "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+                "/etc/vulkan/icd.d/nvidia_icd.json",
+                "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+            ),
+            strict=True,
+        )
+    ]
 
 
 def _catalog(capability: str) -> tuple[str, ...]:
     from gpuhook.inventory.catalog import LIBRARIES
 
     return LIBRARIES[capability]
+
+
+def test_a_gke_layout_driver_root_is_found_whole(tmp_path: Path) -> None:
+    """The driver root as GKE mounts /usr/local/nvidia: lib64, bin, share; no ld.so.cache."""
+    node = make_fake_node(tmp_path / "n", "--gpus", "1", "--layout", "gke")
+    node.refresh()
+    view = inspect_json(node)
+    found = {lib["soname"] for libs in view["libraries"].values() for lib in libs["found"]}
+    assert found == {lib["soname"] for libs in node.truth["libraries"].values() for lib in libs}
+    assert {b["path"] for b in view["binaries"]} >= {f"{node.truth['driver_root']}/bin/nvidia-smi"}
+    assert [f["path"] for f in view["graphics_loader_files"]] == [
+        f["host_path"] for f in node.truth["loader_files"]
+    ]
+    assert node.truth["loader_files"][1]["host_path"].endswith(
+        "/share/vulkan/icd.d/nvidia_icd.json"
+    )
+
+
+def test_a_loader_file_naming_an_unknown_library_is_left_out(tmp_path: Path) -> None:
+    node = make_fake_node(tmp_path / "n", "--gpus", "1")
+    icd = Path(node.truth["loader_files"][1]["host_path"])
+    icd.write_text(
+        json.dumps({"file_format_version": "1.0.1", "ICD": {"library_path": "libvk_other.so.1"}})
+    )
+    out = node.gpuhook("inventory", "refresh")
+    assert out.returncode == 0, out.stderr
+    assert (
+        f"Vulkan ICD file {icd} left out: its library libvk_other.so.1 is not a driver library"
+        in out.stderr
+    )
+    assert [f["name"] for f in inspect_json(node)["graphics_loader_files"]] == [
+        "10_nvidia.json",
+        "nvidia_layers.json",
+    ]
+
+
+def test_refresh_makes_the_dev_char_links(tmp_path: Path) -> None:
+    """/dev/char/<major>:<minor> -> ../<node> for every NVIDIA node (GPUs, MIG caps, control),
+    as udev writes them; a wrong link is replaced, what is not a link is left alone."""
+    node = make_fake_node(tmp_path / "n", "--gpus", "2", "--mig-gpus", "1", "--mig-devices", "1")
+    char = node.root / "dev" / "dev" / "char"
+    blocked = char / f"195:{node.truth['control_nodes'][0]['minor']}"
+    char.mkdir()
+    blocked.write_text("not a link\n")
+    (char / "195:0").symlink_to("../nvidia1")
+    out = node.gpuhook("inventory", "refresh")
+    assert out.returncode == 0
+    assert f"warning: {blocked} exists and is not a link; left as it is" in out.stderr
+    truth = node.truth
+    wanted = [g["device_node"] for g in truth["gpus"]]
+    wanted += [c for g in truth["gpus"] for m in g["mig_devices"] for c in m["caps_nodes"]]
+    wanted += truth["control_nodes"][1:]
+    for n in wanted:
+        link = char / f"{n['major']}:{n['minor']}"
+        assert os.readlink(link) == os.path.relpath(n["path"], "/dev/char"), link
+        assert os.stat(link).st_rdev == os.makedev(n["major"], n["minor"])
+    assert blocked.read_text() == "not a link\n"
+    assert sorted(p.name for p in char.iterdir()) == sorted(
+        {f"{n['major']}:{n['minor']}" for n in wanted} | {blocked.name}
+    )
 
 
 def test_inspect_node_table(node: FakeNode) -> None:

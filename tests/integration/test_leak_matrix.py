@@ -14,7 +14,8 @@ from tests.conftest import Containers, FakeNode
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
-CONTROL = ["/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
+# compute and utility (the default capabilities): no /dev/nvidia-modeset
+CONTROL = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
 HOOK = str(Path(__file__).resolve().parents[2] / "build" / "bin" / "nvidia-container-runtime-hook")
 
 

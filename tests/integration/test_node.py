@@ -373,7 +373,7 @@ def test_install_then_a_gpu_container_on_the_node_without_python(
     assert len(json.loads(out.stdout)["gpus"]) == 2
     seen = run_gpu_container(host)
     assert seen["returncode"] == 0, seen["stderr"]
-    control = ["/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    control = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]  # compute, utility: no modeset
     assert seen["dev"] == [*control, "/dev/nvidia0", "/dev/nvidiactl"]
     assert seen["smi"][0].startswith("GPU 0: NVIDIA")
 

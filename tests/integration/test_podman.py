@@ -28,7 +28,8 @@ from tests.integration import engines
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
-CONTROL = ["/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
+# compute and utility (the default capabilities): no /dev/nvidia-modeset
+CONTROL = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
 IMAGE_PLAIN = "localhost/gpuhook-test/plain:1"
 IMAGE_ALL = "localhost/gpuhook-test/env-all:1"
 IMAGE_PAUSE = "localhost/gpuhook-test/pause:1"  # a pod's infra container: sleeps

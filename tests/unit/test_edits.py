@@ -153,6 +153,8 @@ def test_granted_gpu_edits() -> None:
         "/usr/local/gpuhook/lib",
         "/usr/local/gpuhook/lib/libcuda.so.550.54.15",
         "/usr/local/gpuhook/lib/libcuda.so.1",
+        "/usr/local/gpuhook/lib/libnvidia-allocator.so.550.54.15",
+        "/usr/local/gpuhook/lib/libnvidia-allocator.so.1",
         "/usr/local/gpuhook/lib/libnvidia-ml.so.550.54.15",
         "/usr/local/gpuhook/lib/libnvidia-ml.so.1",
         "/usr/bin/nvidia-smi",

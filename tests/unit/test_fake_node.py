@@ -566,3 +566,37 @@ def test_refuses_bad_input(tmp_path: Path) -> None:
         )
         assert out.returncode == 1
         assert out.stderr == "fake-node: must run as root (device nodes are made with mknod)\n"
+
+
+def test_the_driver_root_has_what_a_real_driver_installs(built: Built, tmp_path: Path) -> None:
+    """Development links (libcuda.so -> libcuda.so.1), the graphics loader files naming the
+    libraries by soname, the GPU brand through NVML; and the same in the GKE layout."""
+    for b in (built, build(tmp_path / "gke", "--gpus", "1", "--layout", "gke")):
+        t = b.truth
+        d = t["driver_root"]
+        links = [lib for libs in t["libraries"].values() for lib in libs if lib["dev_link"]]
+        assert {lib["name"] for lib in links} >= {"libcuda.so", "libnvidia-ml.so"}
+        for lib in links:
+            assert lib["dev_link"] == f"{t['libdir']}/{lib['name']}"
+            assert os.readlink(d + lib["dev_link"]) == lib["soname"]
+            assert os.path.samefile(d + lib["dev_link"], lib["host_path"])
+        names = {lib["soname"] for libs in t["libraries"].values() for lib in libs}
+        for loader in t["loader_files"]:
+            doc = json.loads(Path(loader["host_path"]).read_text())
+            section = doc.get("ICD") or doc["layer"]
+            assert section["library_path"] == loader["library_path"] in names
+        got = subprocess.run(
+            [PYTHON, "-c", "import pynvml as n; n.nvmlInit(); "
+             "print(n.nvmlDeviceGetBrand(n.nvmlDeviceGetHandleByIndex(0)))"],
+            env=nvml_env(b), capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert int(got.stdout) == t["gpus"][0]["brand"] == 14
+    gke = b.truth
+    assert gke["layout"] == "gke" and gke["libdir"] == "/lib64" and gke["ld_so_cache"] is None
+    assert [f["path"] for f in gke["loader_files"]] == [
+        "/share/glvnd/egl_vendor.d/10_nvidia.json",
+        "/share/vulkan/icd.d/nvidia_icd.json",
+        "/share/vulkan/implicit_layer.d/nvidia_layers.json",
+    ]
+    assert os.access(gke["driver_root"] + "/bin/nvidia-smi", os.X_OK)
+    assert not Path(gke["driver_root"], "etc").exists()

@@ -242,6 +242,10 @@ def test_shim_writes_the_rootfs_form() -> None:
         "/run/bundles/c1/rootfs",
         "--folder",
         FOLDER,
+        "--link",
+        f"{FOLDER}/libcuda.so=libcuda.so.1",
+        "--link",
+        f"{FOLDER}/libnvidia-ml.so=libnvidia-ml.so.1",
     ]
     assert decide.rootfs_of("/run/bundles/c1", {"root": {"path": "rootfs"}}) == (
         "/run/bundles/c1/rootfs"
@@ -308,4 +312,132 @@ def test_at_debug_level_the_hook_runs_in_python_which_logs_every_refresh() -> No
     )
     args = out.spec["hooks"]["createContainer"][0]["args"]
     assert "--rootfs" not in args
-    assert args[-2:] == ["--folder", FOLDER]
+    assert args[5:7] == ["--folder", FOLDER]
+
+
+def _links_rootfs(tmp_path: Path) -> Path:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / FOLDER.lstrip("/") / "gbm").mkdir(parents=True)
+    return rootfs
+
+
+LINKS = [
+    "--link",
+    f"{FOLDER}/libcuda.so=libcuda.so.1",
+    "--link",
+    f"{FOLDER}/gbm/nvidia-drm_gbm.so=../libnvidia-allocator.so.1",
+]
+
+
+@IMPLS
+def test_links_are_made_in_the_rootfs_before_ldconfig(
+    impl: list[str], fake_ldconfig: Path, tmp_path: Path
+) -> None:
+    rootfs = _links_rootfs(tmp_path)
+    args = ["--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), "--folder", FOLDER]
+    for _ in range(2):  # a second run finds the links made and leaves them
+        result = _run(impl, *args, *LINKS)
+        assert (result.returncode, result.stderr) == (0, "")
+        lib = rootfs / FOLDER.lstrip("/")
+        assert os.readlink(lib / "libcuda.so") == "libcuda.so.1"
+        assert os.readlink(lib / "gbm" / "nvidia-drm_gbm.so") == "../libnvidia-allocator.so.1"
+    assert _record(fake_ldconfig)["argv"] == ["-X", "-r", str(rootfs), FOLDER]
+    assert (rootfs / "etc").is_dir()  # made, so that ldconfig can write the cache
+
+
+@IMPLS
+def test_a_link_folder_behind_an_image_link_is_resolved_inside_the_rootfs(
+    impl: list[str], fake_ldconfig: Path, tmp_path: Path
+) -> None:
+    """The image's /usr/local is an absolute link to a host folder that has gpuhook/lib: the
+    link is made in the rootfs's own copy of that path (as runc mounted the tmpfs there), never
+    on the host."""
+    host = tmp_path / "host"
+    (host / "gpuhook" / "lib").mkdir(parents=True)
+    rootfs = tmp_path / "rootfs"
+    inside = rootfs / str(host).lstrip("/") / "gpuhook" / "lib"
+    inside.mkdir(parents=True)
+    (rootfs / "usr").mkdir()
+    (rootfs / "usr" / "local").symlink_to(host)
+    result = _run(impl, "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), *LINKS[:2])
+    assert (result.returncode, result.stderr) == (0, "")
+    assert list((host / "gpuhook" / "lib").iterdir()) == []
+    assert os.readlink(inside / "libcuda.so") == "libcuda.so.1"
+
+
+@IMPLS
+def test_an_existing_file_is_not_replaced_by_a_link(
+    impl: list[str], fake_ldconfig: Path, tmp_path: Path
+) -> None:
+    rootfs = _links_rootfs(tmp_path)
+    taken = rootfs / FOLDER.lstrip("/") / "libcuda.so"
+    taken.write_text("the image's own\n")
+    result = _run(impl, "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), *LINKS)
+    assert result.returncode == 0
+    assert result.stderr == (
+        f"gpuhook hook update-ldcache: link {FOLDER}/libcuda.so: exists and is not a link "
+        "not made\n"
+    )
+    assert taken.read_text() == "the image's own\n"
+    assert (tmp_path / "record").exists()  # ldconfig still ran
+
+
+@IMPLS
+@pytest.mark.parametrize(
+    "bad", ["lib/libcuda.so=libcuda.so.1", "/a/../b=x", "/a/b=/etc/passwd", "/a/b", "/a/b="]
+)
+def test_malformed_links_are_refused(
+    impl: list[str], bad: str, fake_ldconfig: Path, tmp_path: Path
+) -> None:
+    rootfs = _links_rootfs(tmp_path)
+    result = _run(impl, "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), "--link", bad)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"gpuhook hook update-ldcache: invalid --link {bad!r} (LINK=TARGET)\n"
+    assert not (tmp_path / "record").exists()
+
+
+@IMPLS
+@pytest.mark.parametrize(
+    ("compat", "first"),
+    [("550.54.15:14", True), ("550.54.15:5", False), ("580.65.06:14", False)],
+    ids=["older-host", "geforce", "newer-host"],
+)
+def test_the_cdi_form_decides_forward_compatibility_in_the_hook(
+    impl: list[str], compat: str, first: bool, fake_ldconfig: Path, tmp_path: Path
+) -> None:
+    from tests import driverimages
+
+    rootfs = _links_rootfs(tmp_path)
+    driverimages.install_compat(rootfs, "570.124.06", None)
+    args = ["--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), "--folder", FOLDER]
+    result = _run(impl, *args, "--cuda-compat", compat)
+    assert (result.returncode, result.stderr) == (0, "")
+    folders = _record(fake_ldconfig)["argv"][3:]
+    assert folders == (["/usr/local/cuda-12.8/compat", FOLDER] if first else [FOLDER])
+
+
+def test_sh_dispatcher_makes_the_links_without_python(
+    fake_ldconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python, at debug level, would log "ldcache refreshed": the dispatcher's run logs nothing;
+    a link folder behind an image link is handed to Python (which logs)."""
+    from tests.logcapture import log_lines, paper_node
+
+    config = paper_node(tmp_path / "debug", log={"level": "debug", "file": str(tmp_path / "log")})
+    monkeypatch.setitem(HOOK_ENV, "GPUHOOK_CONFIG", str(config))
+    rootfs = _links_rootfs(tmp_path)
+    result = _run(
+        [str(DISPATCHER)], "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), *LINKS
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert os.readlink(rootfs / FOLDER.lstrip("/") / "libcuda.so") == "libcuda.so.1"
+    assert not (tmp_path / "log").exists()
+    (rootfs / "usr" / "local" / "gpuhook").rename(rootfs / "real")
+    (rootfs / "usr" / "local" / "gpuhook").symlink_to("/real")
+    (rootfs / "real" / "lib" / "libcuda.so").unlink()
+    result = _run(
+        [str(DISPATCHER)], "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), *LINKS
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert os.readlink(rootfs / "real" / "lib" / "libcuda.so") == "libcuda.so.1"
+    assert [e["event"] for e in log_lines(tmp_path / "log")] == ["ldcache refreshed"]

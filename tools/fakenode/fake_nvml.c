@@ -151,6 +151,7 @@ typedef struct fake_device {
     unsigned int mig_mode;
     unsigned int persistence;
     unsigned int compute_mode;
+    unsigned int brand; /* nvmlBrandType_t */
     int compute_mode_set; /* set in this process by nvmlDeviceSetComputeMode */
     /* MIG devices */
     struct fake_device *parent;
@@ -216,6 +217,7 @@ static int parse_fields(char *rest, fake_device *d, unsigned int *gpu_index) {
         } else if (strcmp(key, "mig") == 0) d->mig_mode = (unsigned)strtoul(val, NULL, 10);
         else if (strcmp(key, "persistence") == 0) d->persistence = (unsigned)strtoul(val, NULL, 10);
         else if (strcmp(key, "compute_mode") == 0) d->compute_mode = (unsigned)strtoul(val, NULL, 10);
+        else if (strcmp(key, "brand") == 0) d->brand = (unsigned)strtoul(val, NULL, 10);
         else if (strcmp(key, "slot") == 0) d->slot = (unsigned)strtoul(val, NULL, 10);
         else if (strcmp(key, "gi") == 0) d->gi = (unsigned)strtoul(val, NULL, 10);
         else if (strcmp(key, "ci") == 0) d->ci = (unsigned)strtoul(val, NULL, 10);
@@ -709,6 +711,14 @@ API nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t d, unsigned int *mode
     if (rc) return rc;
     if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
     *mode = (d->is_mig ? d->parent : d)->persistence;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, unsigned int *brand) {
+    nvmlReturn_t rc = check(d);
+    if (rc) return rc;
+    if (!brand) return NVML_ERROR_INVALID_ARGUMENT;
+    *brand = (d->is_mig ? d->parent : d)->brand;
     return NVML_SUCCESS;
 }
 

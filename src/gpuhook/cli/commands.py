@@ -123,14 +123,19 @@ def inventory_group() -> None:
 
 
 def _refresh(config: Config) -> tuple[Inventory, str]:
-    """Refresh the inventory and, when ``cdi.output`` is set, the CDI spec made from it (every
-    refresh a person asks for; the lazy one of the create path leaves the spec). A spec that
-    would name the same devices as another spec in ``cdi.spec_dirs`` is not written: a warning
-    line says which and what to do."""
+    """Refresh the inventory, the /dev/char links of its device nodes and, when ``cdi.output``
+    is set, the CDI spec made from it (every refresh a person asks for; the lazy one of the
+    create path does neither). A spec that would name the same devices as another spec in
+    ``cdi.spec_dirs`` is not written: a warning line says which and what to do."""
     from gpuhook.engines import cdi
-    from gpuhook.inventory import store
+    from gpuhook.inventory import devchar, store
 
     inventory = store.refresh(config)
+    made, problems = devchar.ensure(config.dev_root, inventory)
+    if made:
+        log.get_logger().info("dev char links made", count=made)
+    for problem in problems:
+        click.echo(f"warning: {problem}", err=True)
     written, found = cdi.export(inventory, config)
     for conflict in found:
         click.echo(f"warning: {config.cdi_output} not written: {conflict.line()}", err=True)

@@ -346,6 +346,29 @@ def _device_nodes_result(found: dict[str, list[str]], where: str) -> Result:
     return Result("device nodes", PASS, f"{count} present under {where} (GPUs, MIG, control)")
 
 
+@register("dev char links")
+def check_dev_char_links(node: Node) -> Result:
+    """/dev/char/<major>:<minor> for every NVIDIA node (systemd cgroup driver, daemon-reload)."""
+    from gpuhook.inventory import devchar
+
+    name = "dev char links"
+    inv = node.inventory()
+    if inv is None:
+        return Result(name, SKIP, "needs the inventory (see the inventory check)")
+    found = devchar.check(node.need_config().dev_root, inv)
+    bad = found["missing"] + found["wrong"] + found["blocked"]
+    if bad:
+        return Result(
+            name,
+            WARN,
+            f"{len(bad)} of {len(bad) + len(found['ok'])} NVIDIA device nodes lack a correct "
+            f"/dev/char link: {', '.join(bad)}; with the systemd cgroup driver their containers "
+            "lose the GPU at the next systemctl daemon-reload",
+            "gpuhook inventory refresh (it makes the links)",
+        )
+    return Result(name, PASS, f"{len(found['ok'])} NVIDIA device nodes linked under /dev/char")
+
+
 @register("libraries")
 def check_libraries(node: Node) -> list[Result]:
     from gpuhook.inventory import catalog

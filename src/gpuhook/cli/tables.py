@@ -65,7 +65,12 @@ def node_view(config: Config, status: Status, mps: dict[str, Any] | None = None)
         view["mps_error"] = mps["error"]
     view["control_nodes"] = [_node(n) for n in inv.control_nodes]
     view["libraries"] = _libraries_view(inv)
-    for kind, key in (("binary", "binaries"), ("firmware", "firmware"), ("socket", "ipc_sockets")):
+    for kind, key in (
+        ("binary", "binaries"),
+        ("firmware", "firmware"),
+        ("socket", "ipc_sockets"),
+        ("loader", "graphics_loader_files"),
+    ):
         view[key] = [
             {
                 "name": f.name,
@@ -88,6 +93,7 @@ def _gpu_view(g: Any) -> dict[str, Any]:
         "memory_total": g.memory_total,
         "pci_bus_id": g.pci_bus_id,
         "compute_capability": g.compute_capability,
+        "brand": g.brand,
         "mig_enabled": g.mig_enabled,
         "device_node": _node(g.node) if g.node else None,
         "mig_devices": [
@@ -121,7 +127,13 @@ def _libraries_view(inv: Inventory) -> dict[str, Any]:
             continue
         out[capability] = {
             "found": [
-                {"name": lib.name, "soname": lib.soname, "version": lib.version, "path": lib.path}
+                {
+                    "name": lib.name,
+                    "soname": lib.soname,
+                    "version": lib.version,
+                    "path": lib.path,
+                    "dev_link": lib.dev_link,
+                }
                 for lib in found
             ],
             "missing": list(missing.get(capability, ())),
@@ -225,6 +237,7 @@ def _driver_files_sections(view: dict[str, Any], color: bool) -> list[str]:
     files = [["binary", f["name"], f["path"]] for f in view["binaries"]]
     files += [["firmware", f["name"], f["path"]] for f in view["firmware"]]
     files += [["socket", f["name"], f["path"]] for f in view["ipc_sockets"]]
+    files += [["graphics loader", f["name"], f["path"]] for f in view["graphics_loader_files"]]
     return [
         section("Driver libraries", table(["CAPABILITY", "FOUND", "MISSING"], lib_rows), color),
         section("Driver files", table(["KIND", "NAME", "PATH"], files), color),
@@ -342,6 +355,10 @@ def decision_table(view: dict[str, Any], color: bool = False) -> str:
     rows = _edit_rows(view.get("edits"))
     if rows:
         out.append(section("Injected", table(["KIND", "WHAT"], rows), color))
+    notes = (view.get("edits") or {}).get("notes", [])
+    if notes:  # each edit, then why on its own indented line (both can be long)
+        body = "".join(f"{n['what']}\n    {n['why']}\n" for n in notes)
+        out.append(section("Driver edits", body, color))
     return "\n".join(out)
 
 

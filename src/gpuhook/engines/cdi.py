@@ -6,9 +6,11 @@ One device per GPU and per MIG device, each under its index (``0``, ``<gpu>:<mig
 GPU's node and its nvidia-caps nodes) and its volume-mount marker (``/dev/null`` at
 ``/var/run/nvidia-container-devices/<uuid>``), so that gpuhook, when it is also the engine's
 runtime, sees which devices the engine injected and records them instead of injecting them
-again. The common edits hold what :mod:`gpuhook.pipeline.inject` gives a granted container: the
-control nodes, the driver libraries and binaries of the configured capabilities, firmware, IPC
-sockets and gpuhook's ``update-ldcache`` createContainer hook (one owner: the same functions).
+again. The common edits hold what :mod:`gpuhook.pipeline.inject` gives a granted container (one
+owner: :mod:`gpuhook.pipeline.driverfiles`): the control nodes, the driver libraries (with their
+development links), binaries and graphics files of the configured capabilities, firmware, IPC
+sockets and gpuhook's ``update-ldcache`` createContainer hook, which here also decides about an
+image's CUDA forward compatibility libraries itself (``--cuda-compat``: no image is known yet).
 The spec is validated against the CDI JSON schema shipped in ``gpuhook/schemas`` and written
 atomically.
 """
@@ -21,8 +23,8 @@ from typing import NamedTuple
 
 from gpuhook.errors import CdiError
 from gpuhook.fsutil import atomic_write
-from gpuhook.model.edits import ContainerEdits, Mount
-from gpuhook.pipeline import inject
+from gpuhook.model.edits import ContainerEdits, Hook, Mount
+from gpuhook.pipeline import driverfiles, inject
 from gpuhook.pipeline.request import ENV_VISIBLE, MARKER_ROOTS, MARKER_SOURCE
 
 TYPE_CHECKING = False
@@ -75,15 +77,24 @@ def common_edits(inventory: Inventory, config: Config) -> ContainerEdits:
     ``NVIDIA_VISIBLE_DEVICES=void`` keeps other NVIDIA components from acting on the image's
     value; gpuhook-runtime sets the granted devices there itself."""
     caps = frozenset(config.cdi_capabilities)
-    mounts, folders = inject.library_mounts(inventory, config, caps)
-    mounts += inject.file_mounts(inventory, config, caps)
-    hooks = (inject.ldcache_hook(config, folders),) if folders else ()
+    files = driverfiles.driver_files(inventory, config, caps)
+    hooks: tuple[Hook, ...] = ()
+    if files.folders:
+        compat = cuda_compat_arg(inventory) if "compute" in caps and config.cuda_compat else ""
+        hooks = (inject.ldcache_hook(config, files.folders, "", files.links, compat),)
     return ContainerEdits(
-        env=(f"{ENV_VISIBLE}=void",),
-        device_nodes=tuple(inventory.control_nodes),
-        mounts=tuple(mounts),
+        env=(f"{ENV_VISIBLE}=void", *files.env),
+        device_nodes=tuple(driverfiles.control_nodes(inventory, caps)),
+        mounts=files.mounts,
         hooks=hooks,
     )
+
+
+def cuda_compat_arg(inventory: Inventory) -> str:
+    """``DRIVER_VERSION:BRAND[,BRAND...]`` for the hook's ``--cuda-compat``: the host driver and
+    the brands of the node's GPUs (a device of the spec may be any of them)."""
+    brands = sorted({g.brand for g in inventory.gpus})
+    return f"{inventory.driver_version}:{','.join(str(b) for b in brands)}"
 
 
 def spec(inventory: Inventory, config: Config) -> dict[str, Any]:
@@ -101,8 +112,10 @@ def spec(inventory: Inventory, config: Config) -> dict[str, Any]:
 
 
 def _cdi_edits(edits: ContainerEdits) -> dict[str, Any]:
-    """``containerEdits`` as CDI has them: no empty lists, device nodes without a file mode."""
+    """``containerEdits`` as CDI has them: no empty lists, device nodes without a file mode, no
+    notes."""
     out = edits.to_dict()
+    out.pop("notes", None)
     for node in out["deviceNodes"]:
         del node["fileMode"]
     return {key: value for key, value in out.items() if value}

@@ -111,3 +111,45 @@ IPC_SOCKETS: dict[str, str] = {
 }
 
 FIRMWARE_DIR = "/lib/firmware/nvidia"
+
+# The graphics loader files of a driver (capability graphics): kind -> (the folder a container
+# gets it in, where the loader looks; its names; the in-root folders it is looked for in, in
+# order). The standard places (/usr/share/glvnd, /etc/vulkan, /usr/share/vulkan), and the share/
+# folder of a driver root that is itself the driver's prefix (GKE's /usr/local/nvidia, whether
+# driver_root is that folder or /).
+LOADER_FILES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "EGL vendor": (
+        "/usr/share/glvnd/egl_vendor.d",
+        ("10_nvidia.json",),
+        (
+            "/usr/share/glvnd/egl_vendor.d",
+            "/etc/glvnd/egl_vendor.d",
+            "/usr/local/share/glvnd/egl_vendor.d",
+            "/share/glvnd/egl_vendor.d",
+            "/usr/local/nvidia/share/glvnd/egl_vendor.d",
+        ),
+    ),
+    "Vulkan ICD": (
+        "/etc/vulkan/icd.d",
+        ("nvidia_icd.json", "nvidia_icd.x86_64.json"),
+        (
+            "/etc/vulkan/icd.d",
+            "/usr/share/vulkan/icd.d",
+            "/usr/local/share/vulkan/icd.d",
+            "/share/vulkan/icd.d",
+            "/usr/local/nvidia/share/vulkan/icd.d",
+        ),
+    ),
+    "Vulkan implicit layer": (
+        "/etc/vulkan/implicit_layer.d",
+        ("nvidia_layers.json",),
+        (
+            "/etc/vulkan/implicit_layer.d",
+            "/usr/share/vulkan/implicit_layer.d",
+            "/usr/local/share/vulkan/implicit_layer.d",
+            "/share/vulkan/implicit_layer.d",
+            "/usr/local/nvidia/share/vulkan/implicit_layer.d",
+        ),
+    ),
+}
+LOADER_FILE_MAX_BYTES = 64 << 10

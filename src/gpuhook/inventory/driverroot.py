@@ -40,8 +40,11 @@ def host_path(root: str, path: str) -> str:
 
 
 def scan(driver_root: str, dev_root: str, driver_version: str) -> ScanResult:
+    from gpuhook.inventory import loaders
+
     result = ScanResult()
     _scan_libraries(driver_root, driver_version, result)
+    result.files += loaders.scan(driver_root, result.libraries, result.warnings)
     _scan_binaries(driver_root, result)
     _scan_firmware(driver_root, driver_version, result)
     _scan_sockets(driver_root, result)
@@ -158,7 +161,7 @@ def _pick(
     """The best file for one library name: matching arch, preferring the driver's version."""
     from gpuhook.inventory import elf
 
-    best: tuple[int, Library] | None = None
+    best: tuple[int, Library, str] | None = None
     for cand in candidates:
         if (cand.arch == "32") != want32:
             continue
@@ -183,8 +186,39 @@ def _pick(
             soname = elf.read_soname(real) or cand.soname
         except (OSError, elf.ElfError):
             soname = cand.soname
-        best = (score, Library(base, real, soname, version, capability))
-    return best[1] if best else None
+        best = (score, Library(base, real, soname, version, capability), cand.path)
+    if best is None:
+        return None
+    _score, lib, listed = best
+    if not dev_link(root, name, lib.path, (os.path.dirname(listed), _in_root(root, lib.path))):
+        return lib
+    return lib.replace(dev_link=name)
+
+
+def _in_root(root: str, host: str) -> str:
+    """The in-root folder of ``host`` (a path under ``root``)."""
+    prefix = "" if root in ("", "/") else os.path.abspath(root)
+    return os.path.dirname(host[len(prefix) :]) or "/"
+
+
+def dev_link(root: str, name: str, library: str, folders: Iterable[str]) -> bool:
+    """Whether the driver installed ``name`` (``libcuda.so``) in one of ``folders`` (in-root)
+    as a symbolic link that resolves to ``library`` (a host path): the development link that
+    ``-lcuda`` finds."""
+    try:
+        want = os.stat(library)
+    except OSError:
+        return False
+    for folder in dict.fromkeys(folders):
+        try:
+            if not stat.S_ISLNK(os.lstat(host_path(root, f"{folder}/{name}")).st_mode):
+                continue
+            st = os.stat(resolve_in_root(root, f"{folder}/{name}"))
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+            return True
+    return False
 
 
 # --- other files ------------------------------------------------------------------------------

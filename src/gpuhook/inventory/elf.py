@@ -26,11 +26,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import BinaryIO
 
-__all__ = ["ElfError", "elf_class", "read_soname", "soname_from_bytes"]
+__all__ = ["ElfError", "elf_class", "note_from_file", "read_soname", "soname_from_bytes"]
 
 ELF_MAGIC = b"\x7fELF"
 
 _SHT_DYNAMIC = 6
+_SHT_NOTE = 7
+_MAX_NOTE = 64 << 10  # one note section
 _PT_LOAD = 1
 _PT_DYNAMIC = 2
 _PN_XNUM = 0xFFFF
@@ -203,6 +205,13 @@ def _dynamic(
 def _section_headers(
     src: _Source, lay: _Layout, shoff: int, shentsize: int, shnum: int
 ) -> list[tuple[int, int, int, int, int]]:
+    """(sh_type, sh_offset, sh_size, sh_link, sh_info) of every section."""
+    return [lay.section(raw) for raw in _raw_section_headers(src, lay, shoff, shentsize, shnum)]
+
+
+def _raw_section_headers(
+    src: _Source, lay: _Layout, shoff: int, shentsize: int, shnum: int
+) -> list[tuple[int, ...]]:
     if shentsize < lay.shdr.size:
         raise ElfError(f"section header size {shentsize} is too small")
     if shnum == 0:  # extended numbering: the count is in section 0's sh_size
@@ -212,7 +221,7 @@ def _section_headers(
         raise ElfError(f"{shnum} section headers is implausibly many")
     table = src.read(shoff, shnum * shentsize, "section header table")
     unpack = lay.shdr.unpack_from
-    return [lay.section(unpack(table, i * shentsize)) for i in range(shnum)]
+    return [unpack(table, i * shentsize) for i in range(shnum)]
 
 
 def _via_sections(src: _Source, lay: _Layout, header: tuple[int, ...]) -> tuple[bool, str | None]:
@@ -300,6 +309,47 @@ def _soname(src: _Source) -> str | None:
     return None
 
 
+def _note(src: _Source, section: str, owner: str) -> bytes | None:
+    """The description of the first note of ``owner`` in the ``SHT_NOTE`` section named
+    ``section`` (found through the section headers and their string table), or None."""
+    elf_class, data = _ident(src.read(0, min(16, src.size), "ELF identification"))
+    lay = _layout(elf_class, data)
+    header = lay.ehdr.unpack(src.read(0, lay.ehdr.size, "ELF header"))
+    shoff, shentsize, shnum, shstrndx = header[5], header[10], header[11], header[12]
+    if shoff == 0:
+        return None
+    raw = _raw_section_headers(src, lay, shoff, shentsize, shnum)
+    if shstrndx >= len(raw):
+        raise ElfError(f"section name table {shstrndx} of {len(raw)} sections")
+    _t, names_offset, names_size, _l, _i = lay.section(raw[shstrndx])
+    order = "<" if data == 1 else ">"
+    for fields in raw:
+        sh_type, offset, size, _link, _info = lay.section(fields)
+        name_at = fields[0]
+        if sh_type != _SHT_NOTE or size > _MAX_NOTE or name_at >= names_size:
+            continue
+        name = src.string(names_offset + name_at, names_offset + names_size, "section name")
+        if name == section:
+            return _note_desc(src.read(offset, size, "note section"), order, owner)
+    return None
+
+
+def _note_desc(raw: bytes, order: str, owner: str) -> bytes | None:
+    """The description of ``owner``'s note among the notes of ``raw`` (4-byte aligned)."""
+    pos = 0
+    while pos + 12 <= len(raw):
+        namesz, descsz, _type = struct.unpack_from(order + "III", raw, pos)
+        name_start = pos + 12
+        desc_start = name_start + namesz + (-namesz % 4)
+        desc_end = desc_start + descsz
+        if desc_end > len(raw):
+            raise ElfError("truncated note")
+        if raw[name_start : name_start + namesz].rstrip(b"\0") == owner.encode():
+            return raw[desc_start:desc_end]
+        pos = desc_end + (-descsz % 4)
+    return None
+
+
 # --- the API ------------------------------------------------------------------------------------
 
 
@@ -315,6 +365,15 @@ def read_soname(path: str) -> str | None:
     """
     with open(path, "rb") as f:
         return _soname(_File(f, os.fstat(f.fileno()).st_size))
+
+
+def note_from_file(f: BinaryIO, size: int, section: str, owner: str) -> bytes | None:
+    """The description of ``owner``'s note in the note section ``section`` of the open ELF file
+    ``f`` (``size`` bytes), or None when there is none. Reads only the headers and that section.
+
+    Raises :class:`ElfError` for a malformed file and :class:`OSError` for an unreadable one.
+    """
+    return _note(_File(f, size), section, owner)
 
 
 def elf_class(path: str) -> str:

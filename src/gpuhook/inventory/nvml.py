@@ -32,6 +32,7 @@ class GpuFacts:
         compute_capability: str,
         mig_enabled: bool,
         migs: list[MigFacts],
+        brand: int = 0,
     ) -> None:
         self.index = index
         self.uuid = uuid
@@ -42,6 +43,7 @@ class GpuFacts:
         self.compute_capability = compute_capability
         self.mig_enabled = mig_enabled
         self.migs = migs
+        self.brand = brand
 
 
 class MigFacts:
@@ -267,7 +269,16 @@ def _gpu(pynvml: Any, index: int) -> GpuFacts:
         f"{major}.{minor_cc}",
         bool(mig_current),
         migs,
+        _brand(pynvml, handle),
     )
+
+
+def _brand(pynvml: Any, handle: Any) -> int:
+    """The GPU's nvmlBrandType_t; 0 (unknown) where the driver cannot say."""
+    try:
+        return int(pynvml.nvmlDeviceGetBrand(handle))
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+        return 0
 
 
 # nvmlComputeMode_t

@@ -205,4 +205,5 @@ def _gpu(config: Config, g: GpuFacts, warnings: list[str]) -> Gpu:
         g.mig_enabled,
         migs,
         node,
+        g.brand,
     )

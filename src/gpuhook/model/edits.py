@@ -74,6 +74,21 @@ class Hook(Frozen):
         return {"hookName": self.hook_name, **self.to_oci()}
 
 
+class Note(Frozen):
+    """Why an edit is there (or why one is not): ``what`` names it, ``why`` says the reason, for
+    ``gpuhook inspect`` and the decision record. Not an edit itself."""
+
+    __slots__ = ("what", "why")
+    what: str
+    why: str
+
+    def __init__(self, what: str, why: str) -> None:
+        _init(self, what=what, why=why)
+
+    def to_dict(self) -> dict[str, str]:
+        return {"what": self.what, "why": self.why}
+
+
 class ContainerEdits(Frozen):
     """The edits to make to a spec, in the shape of CDI's ``containerEdits``.
 
@@ -83,6 +98,8 @@ class ContainerEdits(Frozen):
     (the container's own ``/dev/shm`` when the MPS shm is mounted instead). ``engine_injected``
     is no edit but a note for the record: the UUIDs of the granted devices whose nodes the engine
     had already put into the spec (from gpuhook's CDI spec), so none of it was added again.
+    ``notes``, no edit either: the reasons of the driver edits (development links, CUDA forward
+    compatibility, graphics files, the modeset node) for ``gpuhook inspect``.
     """
 
     __slots__ = (
@@ -91,6 +108,7 @@ class ContainerEdits(Frozen):
         "env",
         "hooks",
         "mounts",
+        "notes",
         "remove_hooks",
         "replace_mounts",
     )
@@ -101,6 +119,7 @@ class ContainerEdits(Frozen):
     remove_hooks: tuple[str, ...]
     replace_mounts: tuple[str, ...]
     engine_injected: tuple[str, ...]
+    notes: tuple[Note, ...]
 
     def __init__(
         self,
@@ -111,6 +130,7 @@ class ContainerEdits(Frozen):
         remove_hooks: tuple[str, ...] = (),
         replace_mounts: tuple[str, ...] = (),
         engine_injected: tuple[str, ...] = (),
+        notes: tuple[Note, ...] = (),
     ) -> None:
         _init(
             self,
@@ -121,6 +141,7 @@ class ContainerEdits(Frozen):
             remove_hooks=tuple(remove_hooks),
             replace_mounts=tuple(replace_mounts),
             engine_injected=tuple(engine_injected),
+            notes=tuple(notes),
         )
 
     def is_empty(self) -> bool:
@@ -134,8 +155,8 @@ class ContainerEdits(Frozen):
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The CDI ``containerEdits`` JSON form (plus ``removeHooks``/``replaceMounts`` when
-        non-empty)."""
+        """The CDI ``containerEdits`` JSON form (plus ``removeHooks``/``replaceMounts`` and the
+        ``engineInjected`` and ``notes`` annotations when non-empty)."""
         out: dict[str, Any] = {
             "env": list(self.env),
             "deviceNodes": [
@@ -159,4 +180,6 @@ class ContainerEdits(Frozen):
             out["replaceMounts"] = list(self.replace_mounts)
         if self.engine_injected:
             out["engineInjected"] = list(self.engine_injected)
+        if self.notes:
+            out["notes"] = [n.to_dict() for n in self.notes]
         return out

@@ -71,17 +71,38 @@ class DeviceNode(Frozen):
 
 
 class Library(Frozen):
-    """A driver library: its real host path, soname, version and capability group."""
+    """A driver library: its real host path, soname, version and capability group.
 
-    __slots__ = ("capability", "name", "path", "soname", "version")
+    ``dev_link``: the unversioned development name the driver installs beside it as a link to
+    the soname (``libcuda.so`` -> ``libcuda.so.1``), what ``-lcuda`` finds; "" when it has none.
+    """
+
+    __slots__ = ("capability", "dev_link", "name", "path", "soname", "version")
     name: str
     path: str
     soname: str
     version: str
     capability: str
+    dev_link: str
 
-    def __init__(self, name: str, path: str, soname: str, version: str, capability: str) -> None:
-        _init(self, name=name, path=path, soname=soname, version=version, capability=capability)
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        soname: str,
+        version: str,
+        capability: str,
+        dev_link: str = "",
+    ) -> None:
+        _init(
+            self,
+            name=name,
+            path=path,
+            soname=soname,
+            version=version,
+            capability=capability,
+            dev_link=dev_link,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +111,7 @@ class Library(Frozen):
             "soname": self.soname,
             "version": self.version,
             "capability": self.capability,
+            "dev_link": self.dev_link,
         }
 
     @classmethod
@@ -100,17 +122,20 @@ class Library(Frozen):
             _get(d, "soname", str),
             _get(d, "version", str),
             _get(d, "capability", str),
+            _get(d, "dev_link", str),
         )
 
 
 class HostFile(Frozen):
-    """A driver file that is not a library: a binary, a firmware blob or an IPC socket.
+    """A driver file that is not a library: a binary, a firmware blob, an IPC socket, a graphics
+    loader file (``loader``: EGL vendor, Vulkan ICD or implicit layer JSON), or a library that a
+    loader file names by an absolute path (``loader-library``: mounted at that path).
 
     ``path`` is the host path; ``container_path`` where the file is mounted inside a container.
     """
 
     __slots__ = ("capability", "container_path", "kind", "name", "path")
-    kind: str  # "binary" | "firmware" | "socket"
+    kind: str  # "binary" | "firmware" | "socket" | "loader" | "loader-library"
     name: str
     path: str
     container_path: str
@@ -254,9 +279,13 @@ class _LazyMigs(Frozen):
 
 
 class Gpu(_LazyMigs):
-    """A physical GPU as NVML reports it, plus its device node read from ``dev_root``."""
+    """A physical GPU as NVML reports it, plus its device node read from ``dev_root``.
+
+    ``brand``: NVML's brand type (``nvmlDeviceGetBrand``: 2 Tesla, 5 GeForce, 14 NVIDIA...),
+    which tells data center GPUs (CUDA forward compatibility) from consumer ones; 0 unknown."""
 
     __slots__ = (
+        "brand",
         "compute_capability",
         "index",
         "memory_total",
@@ -278,6 +307,7 @@ class Gpu(_LazyMigs):
     mig_enabled: bool
     mig_devices: tuple[MigDevice, ...]
     node: DeviceNode | None
+    brand: int
 
     def __init__(
         self,
@@ -291,9 +321,11 @@ class Gpu(_LazyMigs):
         mig_enabled: bool = False,
         mig_devices: tuple[MigDevice, ...] = (),
         node: DeviceNode | None = None,
+        brand: int = 0,
     ) -> None:
         _init(
             self,
+            brand=brand,
             index=index,
             uuid=uuid,
             minor=minor,
@@ -344,6 +376,7 @@ class Gpu(_LazyMigs):
             "mig_enabled": self.mig_enabled,
             "mig_devices": [m.to_dict() for m in self.mig_devices],
             "node": self.node.to_dict() if self.node else None,
+            "brand": self.brand,
         }
 
     @classmethod
@@ -364,6 +397,7 @@ class Gpu(_LazyMigs):
             _get(d, "mig_enabled", bool),
             () if lazy else tuple(MigDevice.from_dict(m) for m in migs),
             DeviceNode.from_dict(node) if node is not None else None,
+            _get(d, "brand", int),
         )
         if lazy and migs:
             object.__delattr__(gpu, "mig_devices")
@@ -371,7 +405,7 @@ class Gpu(_LazyMigs):
         return gpu
 
 
-INVENTORY_SCHEMA_VERSION = 1
+INVENTORY_SCHEMA_VERSION = 2  # 2: libraries' dev_link, GPUs' brand, graphics loader files
 
 
 class Inventory(Frozen):

@@ -21,10 +21,12 @@ if TYPE_CHECKING:
     from gpuhook.model.decision import Decision, Request
     from gpuhook.model.edits import ContainerEdits
     from gpuhook.model.inventory import Inventory
+    from gpuhook.pipeline.compat import CompatChoice, CompatLibrary
     from gpuhook.pipeline.kubelet import Allocation
     from gpuhook.pipeline.sharing import MpsPlan
 
     InventorySource = Callable[[Config], Inventory]
+    CompatSource = Callable[[str], CompatLibrary | None]  # rootfs -> its forward compat libcuda
     CheckpointSource = Callable[[str, str, str], Allocation]
     MpsProbe = Callable[[str], int | None]  # pipe dir -> control daemon pid, None when down
     MpsUsageSource = Callable[[], Mapping[str, tuple[int, int]]]  # uuid -> (bytes, containers)
@@ -88,6 +90,7 @@ def run(
     mps_usage_source: MpsUsageSource,
     rootfs: str = "",
     parsed: Request | None = None,
+    compat_source: CompatSource | None = None,
 ) -> Outcome:
     """Decide and compute the new spec. Raises GpuhookError subclasses with one-line messages.
 
@@ -97,6 +100,8 @@ def run(
     pinned memory limits of the live containers (``mps_usage_source``, read only under
     ``mps.oversubscription: reject``). ``rootfs``: the container's absolute rootfs when known.
     ``parsed``: the caller's ``request.parse(spec, config.policy.kubelet_dir)``, when it has it.
+    ``compat_source``: the CUDA forward compatibility libcuda the image at ``rootfs`` ships, asked
+    only for a compute grant of GPUs with ``inject.cuda_compat`` on.
     """
     req = parsed or request.parse(spec, config.policy.kubelet_dir)
     inventory = _Memo(inventory_source, config)
@@ -107,6 +112,7 @@ def run(
     mps_plan: MpsPlan | None = None
     if config.mps.enabled and decision.devices:
         mps_plan = _mps(decision, inventory(), config, req, mps_probe, mps_usage_source)
+    compat = _compat(decision, inventory, config, rootfs, compat_source)
     try:
         container_edits = inject.edits_for(
             decision,
@@ -116,6 +122,7 @@ def run(
             mps_plan,  # into every container; run, it would act on the image's env)
             rootfs,
             spec,
+            compat,
         )
     except inject.MissingDevice as exc:
         raise RequestError(str(exc)) from None
@@ -130,6 +137,30 @@ def run(
         allocation_error,
         inventory.loaded,
         mps_plan,
+    )
+
+
+def _compat(
+    decision: Decision,
+    inventory: _Memo,
+    config: Config,
+    rootfs: str,
+    source: CompatSource | None,
+) -> CompatChoice | None:
+    """The forward compatibility decision for the image, None when there is none to take (no
+    compute grant of GPUs, turned off, no rootfs, or the image ships no compat libcuda)."""
+    wanted = decision.injects and decision.devices and "compute" in decision.capabilities
+    if source is None or not (wanted and rootfs and config.cuda_compat):
+        return None
+    lib = source(rootfs)
+    if lib is None:
+        return None
+    from gpuhook.pipeline import compat
+
+    inv = inventory()
+    brand = {g.index: g.brand for g in inv.gpus}
+    return compat.choose(
+        lib, inv.driver_version, [brand.get(d.gpu_index, 0) for d in decision.devices]
     )
 
 

@@ -1,11 +1,12 @@
 """Decision x Inventory -> :class:`ContainerEdits` (pure): what exactly to inject.
 
-A granted container gets: the control device nodes and the nodes of its GPUs (a MIG device also
-its parent GPU's node and its nvidia-caps nodes), each with a cgroup allow rule; the driver
-libraries of its capabilities, bind-mounted read-only under their real names and their sonames
-into ``inject.lib_dir`` (a tmpfs, so nothing is written into the image's layer); the driver
-binaries of its capabilities; the firmware and IPC sockets; a createContainer hook that refreshes
-the container's ld.so.cache; ``NVIDIA_VISIBLE_DEVICES`` set to what was granted; and, for
+A granted container gets: the control device nodes of its capabilities and the nodes of its GPUs
+(a MIG device also its parent GPU's node and its nvidia-caps nodes), each with a cgroup allow
+rule; the driver files of its capabilities (:mod:`gpuhook.pipeline.driverfiles`: libraries in
+``inject.lib_dir`` with the driver's development links, binaries, firmware, IPC sockets, graphics
+loader files); a createContainer hook that makes those links and refreshes the container's
+ld.so.cache, with the image's CUDA forward compatibility folder first when it is used
+(:mod:`gpuhook.pipeline.compat`); ``NVIDIA_VISIBLE_DEVICES`` set to what was granted; and, for
 MPS-shared GPUs, the edits of the :class:`gpuhook.pipeline.sharing.MpsPlan` (pipe directory
 mount, MPS env, shm mount). A refused request gets ``NVIDIA_VISIBLE_DEVICES=void`` so that no
 other NVIDIA component acts on it.
@@ -14,20 +15,21 @@ other NVIDIA component acts on it.
 from __future__ import annotations
 
 from gpuhook.model.decision import KIND_MIG
-from gpuhook.model.edits import ContainerEdits, Hook, Mount
+from gpuhook.model.edits import ContainerEdits, Hook
+from gpuhook.pipeline import driverfiles
 from gpuhook.pipeline.request import ENV_CAPS, ENV_VISIBLE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from gpuhook.config import Config
     from gpuhook.model.decision import Decision, DeviceRef
     from gpuhook.model.inventory import DeviceNode, Gpu, Inventory
+    from gpuhook.pipeline.compat import CompatChoice
     from gpuhook.pipeline.sharing import MpsPlan
 
-RO_BIND = ("ro", "nosuid", "nodev", "bind")
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 HOOK_TIMEOUT_S = 30
 LDCACHE_VERB = "update-ldcache"
@@ -35,10 +37,6 @@ LDCACHE_VERB = "update-ldcache"
 
 class MissingDevice(Exception):
     """A granted device whose node is missing on the host; ``str()`` is one line."""
-
-
-def compat32_dir(lib_dir: str) -> str:
-    return lib_dir.rstrip("/") + "32"
 
 
 def visible_value(decision: Decision) -> str | None:
@@ -60,13 +58,15 @@ def edits_for(
     mps: MpsPlan | None = None,
     rootfs: str = "",
     spec: Mapping[str, Any] | None = None,
+    compat: CompatChoice | None = None,
 ) -> ContainerEdits:
     """The edits for a decision. ``inventory`` may be None when nothing is injected. ``mps``:
     the MPS plan of a container granted MPS-shared GPUs (pipe directory, env, shm). ``rootfs``:
     the container's absolute rootfs, given to the ld.so.cache hook when known. ``spec``: the
     container's spec; what the engine already put there (from gpuhook's CDI spec) is not added
     a second time, and the granted devices whose nodes it holds are named in ``engine_injected``.
-    ``nvidia_hooks``: NVIDIA's prestart hooks in the spec, removed whatever the decision."""
+    ``nvidia_hooks``: NVIDIA's prestart hooks in the spec, removed whatever the decision.
+    ``compat``: the CUDA forward compatibility decision for the image (its folder goes first)."""
     visible = visible_value(decision)
     env = [f"{ENV_VISIBLE}={visible}"] if visible is not None else []
     remove = nvidia_hooks
@@ -74,19 +74,32 @@ def edits_for(
         return ContainerEdits(env=tuple(env), remove_hooks=remove)
     env.append(f"{ENV_CAPS}={','.join(decision.capabilities)}")
     caps = frozenset(decision.capabilities)
-    nodes = _unique_nodes([*inventory.control_nodes, *granted_nodes(decision, inventory, config)])
-    mounts, folders = library_mounts(inventory, config, caps)
-    mounts += file_mounts(inventory, config, caps)
-    hooks = [ldcache_hook(config, folders, rootfs)] if folders else []
+    nodes = _unique_nodes(
+        [*driverfiles.control_nodes(inventory, caps), *granted_nodes(decision, inventory, config)]
+    )
+    files = driverfiles.driver_files(inventory, config, caps, _env_of(spec))
+    folders = list(files.folders)
+    notes = files.notes
+    if compat is not None:
+        folders = ([compat.folder] if compat.folder and folders else []) + folders
+        notes += (compat.note,)
+    hooks = [ldcache_hook(config, folders, rootfs, files.links)] if folders else []
     edits = ContainerEdits(
-        env=tuple(env) + (mps.env() if mps is not None else ()),
+        env=tuple(env) + files.env + (mps.env() if mps is not None else ()),
         device_nodes=tuple(nodes),
-        mounts=tuple(mounts) + (mps.mounts() if mps is not None else ()),
+        mounts=files.mounts + (mps.mounts() if mps is not None else ()),
         hooks=tuple(hooks),
         remove_hooks=remove,
         replace_mounts=mps.replace_mounts() if mps is not None else (),
+        notes=notes,
     )
     return edits if spec is None else without_present(edits, decision, inventory, config, spec)
+
+
+def _env_of(spec: Mapping[str, Any] | None) -> list[str]:
+    process = spec.get("process") if spec is not None else None
+    env = process.get("env") if isinstance(process, dict) else None
+    return [e for e in env if isinstance(e, str)] if isinstance(env, list) else []
 
 
 def granted_nodes(decision: Decision, inventory: Inventory, config: Config) -> list[DeviceNode]:
@@ -114,47 +127,17 @@ def _ref_nodes(ref: DeviceRef, by_index: Mapping[int, Gpu], config: Config) -> l
     return [gpu.node, *mig.caps]
 
 
-def library_mounts(
-    inventory: Inventory, config: Config, caps: frozenset[str]
-) -> tuple[list[Mount], list[str]]:
-    """The tmpfs folders and read-only binds of the driver libraries of ``caps``, and the
-    folders that got libraries (for the ld.so.cache hook)."""
-    lib_dir = config.lib_dir.rstrip("/") or "/"
-    libs64 = [x for x in inventory.libraries if x.capability in caps and x.capability != "compat32"]
-    libs32 = [x for x in inventory.libraries if x.capability == "compat32" and "compat32" in caps]
-    mounts: list[Mount] = []
-    folders: list[str] = []
-    for folder, libs in ((lib_dir, libs64), (compat32_dir(lib_dir), libs32)):
-        if not libs:
-            continue
-        folders.append(folder)
-        mounts.append(Mount("tmpfs", folder, "tmpfs", ("nosuid", "nodev", "mode=755")))
-        for lib in sorted(libs, key=lambda x: x.name):
-            names = [lib.name] if lib.soname == lib.name else [lib.name, lib.soname]
-            mounts += [Mount(lib.path, f"{folder}/{name}", "bind", RO_BIND) for name in names]
-    return mounts, folders
-
-
-def file_mounts(inventory: Inventory, config: Config, caps: frozenset[str]) -> list[Mount]:
-    """The binds of the driver binaries of ``caps``, the firmware and the IPC sockets."""
-    bin_dir = config.bin_dir.rstrip("/") or "/"
-    mounts: list[Mount] = []
-    for f in inventory.files:
-        firmware_wanted = f.kind == "firmware" and bool(caps & {"compute", "utility"})
-        if f.capability not in caps and not firmware_wanted:
-            continue
-        if f.kind == "binary":
-            mounts.append(Mount(f.path, f"{bin_dir}/{f.name}", "bind", RO_BIND))
-        elif f.kind == "firmware":
-            mounts.append(Mount(f.path, f.container_path, "bind", RO_BIND))
-        elif f.kind == "socket":
-            options = ("nosuid", "nodev", "noexec", "bind")
-            mounts.append(Mount(f.path, f.container_path, "bind", options))
-    return mounts
-
-
-def ldcache_hook(config: Config, folders: list[str], rootfs: str = "") -> Hook:
-    """gpuhook's createContainer hook that refreshes the container's ld.so.cache."""
+def ldcache_hook(
+    config: Config,
+    folders: Sequence[str],
+    rootfs: str = "",
+    links: Sequence[str] = (),
+    cuda_compat: str = "",
+) -> Hook:
+    """gpuhook's createContainer hook that makes the driver's ``links`` (``LINK=TARGET``) and
+    refreshes the container's ld.so.cache over ``folders`` (in that order: the first wins).
+    ``cuda_compat`` (``DRIVER_VERSION:BRANDS``): the hook decides about the image's forward
+    compatibility libraries itself (the CDI spec, written before any image is known)."""
     path = config.hook_path
     args = [
         path.rsplit("/", 1)[-1],
@@ -169,6 +152,10 @@ def ldcache_hook(config: Config, folders: list[str], rootfs: str = "") -> Hook:
         args += ["--rootfs", rootfs]
     for folder in folders:
         args += ["--folder", folder]
+    for link in links:
+        args += ["--link", link]
+    if cuda_compat:
+        args += ["--cuda-compat", cuda_compat]
     env = HOOK_ENV + config.propagated_env
     return Hook("createContainer", path, tuple(args), env, HOOK_TIMEOUT_S)
 
@@ -205,6 +192,7 @@ def without_present(
         remove_hooks=edits.remove_hooks,
         replace_mounts=edits.replace_mounts,
         engine_injected=injected,
+        notes=edits.notes,
     )
 
 

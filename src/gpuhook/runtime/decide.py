@@ -2,8 +2,10 @@
 
 :func:`gpuhook.pipeline.flow.run` is pure apart from the sources it is given. Here are the ones a
 real create (and ``gpuhook inspect spec``) uses: the inventory file (refreshed lazily when
-missing or stale), the kubelet's device checkpoint, the MPS control daemon's pid file and the
-decision records' MPS usage. Each is imported only when the decision asks for it.
+missing or stale), the kubelet's device checkpoint, the MPS control daemon's pid file, the
+decision records' MPS usage and the image's CUDA forward compatibility libraries (read inside
+its rootfs without following its links out of it). Each is imported only when the decision asks
+for it.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ if TYPE_CHECKING:
     from gpuhook.config import Config
     from gpuhook.model.decision import Request
     from gpuhook.model.inventory import Inventory
+    from gpuhook.pipeline.compat import CompatLibrary
     from gpuhook.pipeline.flow import (
         CheckpointSource,
+        CompatSource,
         InventorySource,
         MpsProbe,
         MpsUsageSource,
@@ -50,6 +54,19 @@ def checkpoint(path: str, pod_uid: str, container: str) -> Allocation:
     return kubelet.read_allocation(path, pod_uid, container)
 
 
+def compat_library(rootfs: str) -> CompatLibrary | None:
+    """The image's forward compatibility libcuda. Whatever goes wrong reading it makes it
+    unusable (a reason for ``inspect``), never a failed create: the host's libcuda still works."""
+    from gpuhook.runtime import imagefs
+
+    try:
+        return imagefs.compat_library(rootfs)
+    except Exception as exc:  # a malformed image must not fail a GPU container
+        from gpuhook.pipeline.compat import COMPAT_DIR, CompatLibrary
+
+        return CompatLibrary(COMPAT_DIR, problem=f"{COMPAT_DIR} could not be read ({exc!r})")
+
+
 def mps_probe(pipe_dir: str) -> int | None:
     from gpuhook.mps import daemons
 
@@ -80,6 +97,7 @@ def run(
     mps_probe: MpsProbe = mps_probe,
     mps_usage_source: MpsUsageSource | None = None,
     parsed: Request | None = None,
+    compat_source: CompatSource = compat_library,
 ) -> Outcome:
     """:func:`gpuhook.pipeline.flow.run` with the node's real sources (any one can be replaced,
     as tests do) and the rootfs taken from ``bundle`` unless given ("" without either)."""
@@ -94,4 +112,5 @@ def run(
         mps_usage_source=mps_usage_source or mps_usage_of(config),
         rootfs=rootfs if rootfs is not None else rootfs_of(bundle, spec) if bundle else "",
         parsed=parsed,
+        compat_source=compat_source,
     )

@@ -7,7 +7,17 @@ never the container's. Standard library only: this runs on every GPU container's
 resolve by soname. It runs the host's ldconfig with ``-r <rootfs>``: ldconfig chroots into the
 rootfs before it reads or writes anything, so the image's symlinks (``/etc``, ``/etc/ld.so.conf.d``,
 the cache itself) resolve inside the container and can never reach a host path. ``-X`` leaves
-the image's own library symlinks alone; the injected sonames are bind mounts already.
+the image's own library symlinks alone; the injected sonames are bind mounts already. The
+``--folder`` folders come first in the cache, in their order (ldconfig keeps the first entry of
+a soname), ahead of whatever the image's ``ld.so.conf`` lists, which may be missing altogether
+(a distroless image); a rootfs without even ``/etc`` gets one, so that the cache can be written.
+
+Before that it makes the driver's links (``--link LINK=TARGET``: ``libcuda.so -> libcuda.so.1``
+in gpuhook's library folder, the GLX indirect and GBM backend links) inside the rootfs, each
+folder resolved in the rootfs (:mod:`gpuhook.runtime.imagefs`), so ldconfig lists them. With
+``--cuda-compat DRIVER_VERSION:BRANDS`` (the CDI spec's form: it is written before any image is
+known) it also decides whether the image's CUDA forward compatibility folder goes first
+(:mod:`gpuhook.pipeline.compat`), reading the image the same way.
 
 What ldconfig reads is the image's (``/etc/ld.so.conf`` and what it includes), so it runs
 bounded: at most ``LDCONFIG_DATA_LIMIT`` of heap (an ``ld.so.conf`` that is a link to
@@ -41,39 +51,57 @@ LDCONFIG_CPU_S = 10
 LDCONFIG_DATA_LIMIT = 256 << 20  # RLIMIT_DATA: heap; read-only maps of big libraries do not count
 LDCONFIG_TIMEOUT_MAX_S = 3600
 # update-ldcache's flags, each with a value. These bounds and flags are rendered into the
-# installed ``gpuhook`` dispatcher's sh fast path (gpuhook.runtime.dispatch): one table.
-UPDATE_LDCACHE_FLAGS = ("--folder", "--ldconfig", "--rootfs", "--timeout")
+# installed ``gpuhook`` dispatcher's sh fast path (gpuhook.runtime.dispatch): one table. Python
+# alone takes CUDA_COMPAT_FLAG (the dispatcher hands a hook with it here).
+UPDATE_LDCACHE_FLAGS = ("--folder", "--ldconfig", "--link", "--rootfs", "--timeout")
+CUDA_COMPAT_FLAG = "--cuda-compat"
 
 
-def update_ldcache(argv: list[str], stdin: bytes) -> tuple[list[str], float]:
-    """The ldconfig command line for the container whose OCI state is ``stdin``, and its
-    wall-time limit in seconds."""
+class Plan:
+    """What update-ldcache does: ``links`` (link, target) first, then ``command`` within
+    ``timeout`` seconds; ``cuda_compat``: the ``--cuda-compat`` value ("" for none)."""
+
+    def __init__(
+        self,
+        command: list[str],
+        timeout: float,
+        rootfs: str,
+        links: list[tuple[str, str]],
+        cuda_compat: str,
+    ) -> None:
+        self.command = command
+        self.timeout = timeout
+        self.rootfs = rootfs
+        self.links = links
+        self.cuda_compat = cuda_compat
+
+
+def update_ldcache(argv: list[str], stdin: bytes) -> Plan:
+    """The plan for the container whose OCI state is ``stdin``."""
     from gpuhook.runtime import ocispec
 
-    folders: list[str] = []
-    ldconfig = "/sbin/ldconfig"
-    rootfs = ""
-    timeout = LDCONFIG_TIMEOUT_S
+    values: dict[str, list[str]] = {}
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in UPDATE_LDCACHE_FLAGS and i + 1 < len(argv):
-            if arg == "--folder":
-                folders.append(argv[i + 1])
-            elif arg == "--rootfs":
-                rootfs = argv[i + 1]
-            elif arg == "--ldconfig":
-                ldconfig = argv[i + 1]
-            else:
-                timeout = _seconds(argv[i + 1])
+        if arg in (*UPDATE_LDCACHE_FLAGS, CUDA_COMPAT_FLAG) and i + 1 < len(argv):
+            values.setdefault(arg, []).append(argv[i + 1])
             i += 2
             continue
         raise UsageError(f"hook update-ldcache: unexpected argument {arg!r}")
+    ldconfig = (values.get("--ldconfig") or ["/sbin/ldconfig"])[-1]
+    rootfs = (values.get("--rootfs") or [""])[-1]
+    timeout = _seconds(values["--timeout"][-1]) if "--timeout" in values else LDCONFIG_TIMEOUT_S
+    folders = values.get("--folder", [])
+    links = [_link_arg(a) for a in values.get("--link", [])]
+    compat = (values.get(CUDA_COMPAT_FLAG) or [""])[-1]
     if not ldconfig.startswith("/"):
         raise UsageError("hook update-ldcache: --ldconfig must be an absolute path")
     for folder in folders:
         if not folder.startswith("/") or ".." in folder.split("/"):
             raise UsageError(f"hook update-ldcache: invalid --folder {folder!r}")
+    if compat and _compat_arg(compat) is None:
+        raise UsageError(f"hook update-ldcache: invalid {CUDA_COMPAT_FLAG} {compat!r}")
     if rootfs:
         # gpuhook-runtime resolved it at create time (root.path against the bundle).
         if not rootfs.startswith("/"):
@@ -89,7 +117,75 @@ def update_ldcache(argv: list[str], stdin: bytes) -> tuple[list[str], float]:
             f"hook update-ldcache: ldconfig {ldconfig} is not executable "
             "(hook.ldconfig in the gpuhook config)"
         )
-    return [ldconfig, "-X", "-r", rootfs, *folders], timeout
+    return Plan([ldconfig, "-X", "-r", rootfs, *folders], timeout, rootfs, links, compat)
+
+
+def _link_arg(text: str) -> tuple[str, str]:
+    """``LINK=TARGET``: an absolute link path without ``..`` and a relative target."""
+    link, eq, target = text.partition("=")
+    if (
+        not eq
+        or not link.startswith("/")
+        or ".." in link.split("/")
+        or link.endswith("/")
+        or not target
+        or target.startswith("/")
+        or "\0" in text
+    ):
+        raise UsageError(f"hook update-ldcache: invalid --link {text!r} (LINK=TARGET)")
+    return link, target
+
+
+def _compat_arg(text: str) -> tuple[str, list[int]] | None:
+    """``DRIVER_VERSION:BRAND[,BRAND...]`` -> (version, brands); None when malformed."""
+    version, _, brands = text.partition(":")
+    items = [b for b in brands.split(",") if b]
+    if not version or not all(b.isdigit() for b in items):
+        return None
+    return version, [int(b) for b in items]
+
+
+def prepare(plan: Plan) -> tuple[list[str], str]:
+    """Before ldconfig runs: the links, a missing ``/etc``, and the CUDA forward compatibility
+    folder when the hook decides it. Returns (warnings, none of which stops the container; the
+    forward compatibility decision, "" when there was none to take)."""
+    from gpuhook.runtime import imagefs
+
+    warnings = [f"link {p} not made" for p in imagefs.make_links(plan.rootfs, plan.links)]
+    _ensure_etc(plan.rootfs, warnings)
+    parsed = _compat_arg(plan.cuda_compat) if plan.cuda_compat else None
+    if parsed is None:
+        return warnings, ""
+    from gpuhook.pipeline import compat
+    from gpuhook.runtime.decide import compat_library
+
+    lib = compat_library(plan.rootfs)
+    if lib is None:
+        return warnings, ""
+    choice = compat.choose(lib, parsed[0], parsed[1])
+    if choice.folder:
+        plan.command.insert(plan.command.index("-r") + 2, choice.folder)
+    return warnings, f"{choice.note.what}: {choice.note.why}"
+
+
+def _ensure_etc(rootfs: str, warnings: list[str]) -> None:
+    """A rootfs without ``/etc`` (a scratch-like image) gets the folder, made in the rootfs
+    itself (no link followed: an existing ``/etc`` of any kind is left as it is)."""
+    from gpuhook.runtime import imagefs
+
+    try:
+        fd = imagefs.open_root(rootfs)
+    except OSError as exc:
+        warnings.append(f"cannot open {rootfs}: {exc.strerror}")
+        return
+    try:
+        os.mkdir("etc", 0o755, dir_fd=fd)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        warnings.append(f"cannot make {rootfs}/etc: {exc.strerror}")
+    finally:
+        os.close(fd)
 
 
 def _seconds(text: str) -> float:
@@ -105,9 +201,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-VERBS: dict[str, Callable[[list[str], bytes], tuple[list[str], float]]] = {
-    "update-ldcache": update_ldcache
-}
+VERBS: dict[str, Callable[[list[str], bytes], Plan]] = {"update-ldcache": update_ldcache}
 
 
 def run_bounded(command: list[str], timeout: float) -> int | None:
@@ -172,9 +266,12 @@ def main(argv: list[str]) -> int:
         stdin = sys.stdin.buffer.read()
         logger = _logger(argv[0], stdin)
         args, outcome = _outcome(argv[1:])
-        command, timeout = VERBS[argv[0]](args, stdin)
+        plan = VERBS[argv[0]](args, stdin)
+        command, timeout = plan.command, plan.timeout
         started = time.monotonic()
         os.chdir("/")
+        if outcome == "":  # else the dispatcher made the links and ran ldconfig already
+            _prepare(plan, logger)
         code = run_bounded(command, timeout) if outcome == "" else _reported(outcome)
         elapsed_ms = round((time.monotonic() - started) * 1000, 1)
         if code != 0:
@@ -193,10 +290,21 @@ def main(argv: list[str]) -> int:
         return 0
     except Exception as exc:
         code, message = describe(exc)
+        message = message.removeprefix(f"hook {argv[0]}: ")  # said once, in front
         sys.stderr.write(f"gpuhook hook {argv[0]}: {message}\n")
         if logger is not None:
             logger.error("hook failed", error=message)
         return code
+
+
+def _prepare(plan: Plan, logger: Logger | None) -> None:
+    warnings, compat = prepare(plan)
+    for warning in warnings:
+        sys.stderr.write(f"gpuhook hook update-ldcache: {warning}\n")
+        if logger is not None:
+            logger.warning("hook preparation incomplete", problem=warning)
+    if compat and logger is not None:
+        logger.info("cuda forward compatibility", decision=compat)
 
 
 def _outcome(argv: list[str]) -> tuple[list[str], str]:
