@@ -207,14 +207,18 @@ CONFLICT_FIX = (
 
 
 def conflicts(data: dict[str, Any], output: str, folders: Iterable[str]) -> list[Conflict]:
-    """The spec files in ``folders`` (and in ``output``'s own folder) other than ``output`` whose
-    devices of kind nvidia.com/gpu share a name with ``data``'s. Unreadable files are skipped, as
-    engines skip them."""
+    """When ``output`` is in one of the engines' spec ``folders``: the spec files there other
+    than ``output`` whose devices of kind nvidia.com/gpu share a name with ``data``'s (a spec
+    written elsewhere is read by no engine, and conflicts with nothing). Unreadable files are
+    skipped, as engines skip them."""
     ours = {d["name"] for d in data["devices"]}
     home = os.path.realpath(os.path.dirname(os.path.abspath(output)))
     target = os.path.realpath(output)
+    dirs = _unique_real(folders)
+    if home not in dirs:
+        return []
     found = []
-    for folder in _unique_real([*folders, home]):
+    for folder in dirs:
         for path in _spec_files(folder):
             if os.path.realpath(path) == target:
                 continue
