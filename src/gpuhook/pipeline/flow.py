@@ -10,24 +10,25 @@ from __future__ import annotations
 
 from gpuhook.errors import CheckpointError, MpsError, RequestError
 from gpuhook.model.frozen import Frozen, _init
-from gpuhook.pipeline import apply, inject, policy, request
+from gpuhook.pipeline import apply, identity, inject, policy, request
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
     from typing import Any
 
     from gpuhook.config import Config
     from gpuhook.model.decision import Decision, Request
     from gpuhook.model.edits import ContainerEdits
     from gpuhook.model.inventory import Inventory
+    from gpuhook.pipeline.identity import Client
     from gpuhook.pipeline.kubelet import Allocation
     from gpuhook.pipeline.sharing import MpsPlan
 
     InventorySource = Callable[[Config], Inventory]
     CheckpointSource = Callable[[str, str, str], Allocation]
     MpsProbe = Callable[[str], int | None]  # pipe dir -> control daemon pid, None when down
-    MpsUsageSource = Callable[[], Mapping[str, tuple[int, int]]]  # uuid -> (bytes, containers)
+    MpsAdmit = Callable[[MpsPlan], None]  # raises a one-line GpuhookError when it cannot be
 
 
 class Outcome(Frozen):
@@ -85,7 +86,7 @@ def run(
     inventory_source: InventorySource,
     checkpoint_source: CheckpointSource,
     mps_probe: MpsProbe,
-    mps_usage_source: MpsUsageSource,
+    mps_admit: MpsAdmit,
     rootfs: str = "",
     parsed: Request | None = None,
 ) -> Outcome:
@@ -93,9 +94,9 @@ def run(
 
     The sources are the only I/O, each called only when the decision needs it (the runtime's
     defaults are in :mod:`gpuhook.runtime.decide`): the inventory, the kubelet checkpoint, and for
-    a grant of MPS-shared GPUs whether the group's control daemon runs (``mps_probe``) and the
-    pinned memory limits of the live containers (``mps_usage_source``, read only under
-    ``mps.oversubscription: reject``). ``rootfs``: the container's absolute rootfs when known.
+    a grant of MPS-shared GPUs whether the group's control daemon runs (``mps_probe``) and
+    whether the container fits beside the live ones (``mps_admit``,
+    :mod:`gpuhook.mps.admission`). ``rootfs``: the container's absolute rootfs when known.
     ``parsed``: the caller's ``request.parse(spec, config.policy.kubelet_dir)``, when it has it.
     """
     req = parsed or request.parse(spec, config.policy.kubelet_dir)
@@ -106,7 +107,8 @@ def run(
     )
     mps_plan: MpsPlan | None = None
     if config.mps.enabled and decision.devices:
-        mps_plan = _mps(decision, inventory(), config, req, mps_probe, mps_usage_source)
+        client = identity.client_of(spec)
+        mps_plan = _mps(decision, inventory(), config, req, client, mps_probe, mps_admit)
     try:
         container_edits = inject.edits_for(
             decision,
@@ -166,14 +168,15 @@ def _mps(
     inventory: Inventory,
     config: Config,
     req: Request,
+    client: Client,
     probe: MpsProbe,
-    usage_source: MpsUsageSource,
+    admit: MpsAdmit,
 ) -> MpsPlan | None:
     """The MPS plan of a grant (None when it holds no MPS-shared GPU), checked against the
-    daemon's state and, under ``reject``, the limits of the live containers."""
+    daemon's state and admitted beside the live containers."""
     from gpuhook.pipeline import sharing
 
-    plan = sharing.plan(decision, inventory, config.mps, config.source, req)
+    plan = sharing.plan(decision, inventory, config.mps, config.source, req, client)
     if plan is None:
         return None
     if probe(plan.pipe_dir) is None:
@@ -183,6 +186,5 @@ def _mps(
             f"the MPS control daemon of {what} {gpus} (group {plan.group}) is not running; "
             f"start it: gpuhook mps start {plan.group}"
         )
-    if config.mps.oversubscription == "reject" and any(d.counted for d in plan.devices):
-        sharing.check_memory(plan, usage_source(), config.mps.oversubscription)
+    admit(plan)
     return plan

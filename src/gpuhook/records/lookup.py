@@ -164,53 +164,6 @@ def find(config: Config, wanted: str) -> Entry:
     )
 
 
-def mps_usage(
-    config: Config, exclude_id: str, exclude_bundle: str = ""
-) -> dict[str, tuple[int, int]]:
-    """The MPS pinned memory limits of the live containers: GPU uuid -> (bytes, containers).
-
-    A container is live while its record link resolves: the engine removes the bundle (and the
-    record in it) when it deletes the container, which leaves the link dangling. Only limits
-    marked ``counted`` add up (a container with no limit on a GPU promised nothing). The
-    container being created (``exclude_id``, or the record in ``exclude_bundle`` for a dry run)
-    is left out, so it is not counted twice.
-    """
-    usage: dict[str, tuple[int, int]] = {}
-    try:
-        names = os.listdir(config.records_dir)
-    except OSError:
-        return usage
-    for name in names:
-        container_id = link_id(name)
-        if not container_id or container_id == exclude_id:
-            continue
-        entry = entry_of(config.records_dir, name)
-        if entry.record is None or (
-            exclude_bundle and os.path.dirname(entry.target) == exclude_bundle
-        ):
-            continue  # deleted (a dangling link), unreadable, or the dry run's own
-        for uuid, size in _counted_limits(entry.record):
-            used, count = usage.get(uuid, (0, 0))
-            usage[uuid] = (used + size, count + 1)
-    return usage
-
-
-def _counted_limits(record: dict[str, Any]) -> list[tuple[str, int]]:
-    """A record's counted MPS pinned memory limits: (GPU uuid, bytes) each."""
-    mps = record.get("mps")
-    entries = mps.get("pinned_memory_limits") if isinstance(mps, dict) else None
-    if not isinstance(entries, list):
-        return []
-    out = []
-    for entry in entries:
-        if not isinstance(entry, dict) or entry.get("counted") is not True:
-            continue
-        uuid, size = entry.get("uuid"), entry.get("bytes")
-        if isinstance(uuid, str) and isinstance(size, int) and size > 0:
-            out.append((uuid, size))
-    return out
-
-
 def candidate_roots(extra: tuple[str, ...] = ()) -> list[str]:
     """The runtime state folders to ask about a container without a record: ``extra`` (the
     CLI's --root), docker's, containerd's namespaces, then the runtime's default ("")."""
