@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpuhook import config as config_mod
 from gpuhook.errors import MpsError, RequestError
 from gpuhook.mps import admission
 from gpuhook.mps.admission import Reservation
@@ -90,11 +91,16 @@ def runtime(tmp_path: Path) -> str:
     return str(path)
 
 
-def record(cid: str, runtime: str, creator: dict[str, int] | None = None, **mps: Any) -> Any:
+def record(cid: str, root: str, creator: dict[str, int] | None = None, **mps: Any) -> Any:
+    """A record as the writer makes it; its runtime path is never run (the configured is)."""
     return {
         "decision": {"gpu_container": True},
         "container_id": cid,
-        "runtime": {"path": runtime, "root": "/run/x", **({"creator": creator} if creator else {})},
+        "runtime": {
+            "path": "/planted/runc",
+            "root": root,
+            **({"creator": creator} if creator else {}),
+        },
         "mps": {"group": "gpu0", "client_uid": 0, "pinned_memory_limits": [], **mps},
     }
 
@@ -105,21 +111,24 @@ def record(cid: str, runtime: str, creator: dict[str, int] | None = None, **mps:
         ("running-a", "running"),
         ("created-a", "created"),
         ("stopped-a", ""),  # exited, its bundle kept: not counted
-        ("gone-a", ""),  # the runtime does not know it
-        ("broken-a", "unknown: {rt} state exited 2: cannot open state: permission denied"),
+        ("gone-a", ""),  # state fails and the state folder has no entry: gone
+        ("broken-a", "unknown: runtime state broken-a exited 2"),  # fails, entry there: counts
     ],
 )
-def test_liveness_is_the_runtimes_state(runtime: str, cid: str, state: str) -> None:
-    assert admission.liveness(record(cid, runtime)) == state.format(rt=runtime)
+def test_liveness_is_the_runtimes_state(runtime: str, tmp_path: Path, cid: str, state: str) -> None:
+    root = tmp_path / "state-root"
+    (root / "broken-a").mkdir(parents=True)
+    assert admission.liveness(record(cid, str(root)), cid, runtime) == state
 
 
-def test_a_container_counts_while_its_creator_lives(runtime: str) -> None:
+def test_a_container_counts_while_its_creator_lives(runtime: str, tmp_path: Path) -> None:
+    root = str(tmp_path)
     me = admission.creator(os.getpid())
     assert me is not None and me["pid"] == os.getpid()
-    assert admission.liveness(record("gone-a", runtime, me)) == admission.CREATING
+    assert admission.liveness(record("gone-a", root, me), "gone-a", runtime) == admission.CREATING
     other = {"pid": os.getpid(), "start": me["start"] + 1}  # the pid, reused by another process
-    assert admission.liveness(record("gone-a", runtime, other)) == ""
-    assert admission.liveness({"container_id": "x", "runtime": {"path": ""}}).startswith("unknown")
+    assert admission.liveness(record("gone-a", root, other), "gone-a", runtime) == ""
+    assert admission.liveness(record("x", root), "x", "").startswith("unknown")
 
 
 def test_reservation_of_a_record_and_of_an_older_one() -> None:
@@ -127,7 +136,7 @@ def test_reservation_of_a_record_and_of_an_older_one() -> None:
         {"uuid": "GPU-1", "bytes": 1 << 20, "reserved": 40 * GIB},
         {"uuid": "GPU-2", "bytes": 80 * GIB, "reserved": 0},
     ]
-    r = admission.reservation_of(record("a", "", pinned_memory_limits=limits), "a")
+    r = admission.reservation_of(record("a", "/r", pinned_memory_limits=limits), "a")
     assert r is not None and r.reserved == (("GPU-1", 40 * GIB),) and r.uid == 0
     old = {
         "mps": {
@@ -142,13 +151,14 @@ def test_reservation_of_a_record_and_of_an_older_one() -> None:
 
 def test_live_reads_the_records_of_the_plans_group(tmp_path: Path, runtime: str) -> None:
     config = f.config(state_dir=str(tmp_path / "state"), mps__gpus=[0], mps__replicas=2)
+    config = config_mod.Config("(test)", config.data, runtime)
     p = plan(replicas=2)
 
     def write(cid: str, group: str = "gpu0", uuid: str = UUIDS[0]) -> None:
         bundle = tmp_path / cid
         bundle.mkdir()
         limits = [{"uuid": uuid, "bytes": 1, "reserved": 40 * GIB}]
-        rec = record(cid, runtime, group=group, pinned_memory_limits=limits)
+        rec = record(cid, str(tmp_path / "runc-root"), group=group, pinned_memory_limits=limits)
         (bundle / writer.RECORD_NAME).write_text(json.dumps(rec))
         os.makedirs(config.records_dir, exist_ok=True)
         os.symlink(bundle / writer.RECORD_NAME, Path(config.records_dir) / f"{cid}.json")

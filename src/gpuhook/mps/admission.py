@@ -16,9 +16,9 @@ nothing reserved. MPS applies limits per client *process*; a container is counte
 **Which containers count.** Those whose decision record can be read (the bundle exists) and that
 its runtime has not finished with: while the process that ran the runtime's ``create`` is alive
 (the record's ``runtime.creator``, pid and start time: the runtime may not know the container
-yet), then while ``<runtime> [--root R] state <id>`` says anything but ``stopped``. A container
-that exited (podman and CRI-O keep its bundle until it is removed) or that the runtime no longer
-knows stops counting; one whose state cannot be read counts.
+yet), then while the configured ``<runtime> [--root R] state <id>`` says anything but
+``stopped``. A container that exited (podman and CRI-O keep its bundle until it is removed) or
+that the runtime no longer has stops counting; one whose state cannot be told counts.
 
 **Who may join a group.** A control daemon runs one MPS server at a time, as the uid of its
 clients; a client of another uid waits until every client of the running server has exited.
@@ -47,10 +47,8 @@ if TYPE_CHECKING:
 
 LOCK_NAME = "mps-usage.lock"
 LOCK_TIMEOUT_S = 30.0
-STATE_TIMEOUT_S = 10.0
 CREATING = "creating"
 STOPPED = "stopped"
-_GONE = ("does not exist", "no such file or directory")  # runc's and crun's words
 
 
 class Reservation(Frozen):
@@ -235,7 +233,7 @@ def live(
             and not uuids.intersection(u for u, _ in found.reserved)
         ):
             continue
-        state = liveness(entry.record)
+        state = liveness(entry.record, container_id, config.runtime)
         if state:
             out.append(
                 Reservation(found.container_id, found.group, found.uid, found.reserved, state)
@@ -264,30 +262,34 @@ def reservation_of(record: dict[str, Any], container_id: str) -> Reservation | N
     return Reservation(container_id, mps["group"], uid, tuple(reserved), "")
 
 
-def liveness(record: dict[str, Any]) -> str:
+def liveness(record: dict[str, Any], container_id: str, runtime: str) -> str:
     """Whether the runtime is not finished with a recorded container: its state (``creating``
-    while the process that ran the runtime's create lives), "" when it exited or is gone."""
-    runtime = record.get("runtime")
-    runtime = runtime if isinstance(runtime, dict) else {}
-    creator = runtime.get("creator")
+    while the process that ran the runtime's create lives), "" when it exited or is gone.
+    ``runtime``: the configured one, never a path read from the record (in the bundle), which
+    only says which state folder (``--root``) the container was created in. Gone takes two
+    witnesses, as for ``gpuhook gc``: ``state`` fails and the state folder has no entry."""
+    from gpuhook.records.lookup import DEFAULT_ROOTS, query_state
+
+    recorded = record.get("runtime")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    creator = recorded.get("creator")
     if isinstance(creator, dict) and _alive(creator.get("pid"), creator.get("start")):
         return CREATING
-    path, root = runtime.get("path"), runtime.get("root") or ""
-    container_id = record.get("container_id")
-    if not isinstance(path, str) or not path or not isinstance(container_id, str):
-        return "unknown: no runtime recorded"
-    argv = [path, *(["--root", root] if isinstance(root, str) and root else []), "state"]
+    if not runtime:
+        return "unknown: no runtime configured"
+    root = recorded.get("root")
+    root = root if isinstance(root, str) else ""
     try:
-        code, out, err = run([*argv, container_id], STATE_TIMEOUT_S)
+        code, out = query_state(runtime, root, container_id)
     except OSError as exc:
-        return f"unknown: {path} state: {exc.strerror or exc}"
-    if code != 0:
-        text = err.decode(errors="replace")
-        if any(word in text.lower() for word in _GONE):
-            return ""
-        return f"unknown: {path} state exited {code}: {_last_line(text)}"
-    status = _status(out)
-    return "" if status == STOPPED else status or "unknown: no status in the runtime's state"
+        return f"unknown: {exc}"
+    if code == 0:
+        status = _status(out)
+        return "" if status == STOPPED else status or "unknown: no status in the runtime's state"
+    state_root = root or DEFAULT_ROOTS.get(os.path.basename(runtime), "")
+    if state_root and not os.path.lexists(os.path.join(state_root, container_id)):
+        return ""
+    return f"unknown: {os.path.basename(runtime)} state {container_id} exited {code}"
 
 
 def _status(out: bytes) -> str:
@@ -323,59 +325,6 @@ def creator(pid: int) -> dict[str, int] | None:
 
 def _alive(pid: Any, start: Any) -> bool:
     return isinstance(pid, int) and pid > 0 and start is not None and start_time(pid) == start
-
-
-def run(argv: list[str], timeout: float) -> tuple[int, bytes, bytes]:
-    """Run ``argv`` (stdin /dev/null, this process's environment): exit status, stdout,
-    stderr. Killed after ``timeout`` seconds (OSError). No subprocess module: the create path's
-    imports stay small."""
-    import select
-    import signal
-    import time
-
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    actions = [
-        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_DUP2, out_w, 1),
-        (os.POSIX_SPAWN_DUP2, err_w, 2),
-    ]
-    try:
-        pid = os.posix_spawn(argv[0], argv, os.environ, file_actions=actions)
-    except OSError:
-        for fd in (out_r, err_r):
-            os.close(fd)
-        raise
-    finally:
-        os.close(out_w)
-        os.close(err_w)
-    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
-    open_fds = [out_r, err_r]
-    deadline = time.monotonic() + timeout
-    try:
-        while open_fds:
-            left = deadline - time.monotonic()
-            ready = select.select(open_fds, [], [], max(left, 0))[0] if left > 0 else []
-            if not ready:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise OSError(f"{argv[0]} did not answer within {timeout:.0f}s")
-            for fd in ready:
-                data = os.read(fd, 65536)
-                if data:
-                    chunks[fd].append(data)
-                else:
-                    open_fds.remove(fd)
-    finally:
-        os.close(out_r)
-        os.close(err_r)
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    return code, b"".join(chunks[out_r]), b"".join(chunks[err_r])
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "no message"
 
 
 # --- admission ------------------------------------------------------------------------------------

@@ -31,6 +31,9 @@ UNREADABLE = "unreadable"
 # namespaces are the folders under /run/containerd/runc).
 ENGINE_ROOTS = ("/run/docker/runtime-runc/moby",)
 CONTAINERD_ROOTS = "/run/containerd/runc"
+# Where a runtime keeps its containers' state when it is run without --root (as root).
+DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
+STATE_TIMEOUT_S = 10.0
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 
 
@@ -176,18 +179,42 @@ def candidate_roots(extra: tuple[str, ...] = ()) -> list[str]:
 
 
 def query_state(runtime: str, root: str, container_id: str) -> tuple[int, bytes]:
-    """Run ``<runtime> [--root ROOT] state ID``: its exit status and stdout. OSError when it
-    cannot run or does not answer within 10 s (then the message names the command)."""
-    import subprocess
+    """Run ``<runtime> [--root ROOT] state ID``: its exit status and stdout (stderr dropped).
+    OSError when it cannot run or does not answer within 10 s (then the message names the
+    command). No subprocess module: MPS admission calls it on the create path."""
+    import select
+    import signal
+    import time
 
     argv = [runtime, *(["--root", root] if root else []), "state", container_id]
+    out_r, out_w = os.pipe()
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_DUP2, out_w, 1),
+        (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
+    ]
     try:
-        proc = subprocess.run(
-            argv, capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise OSError(f"{' '.join(argv)}: {exc}") from None
-    return proc.returncode, proc.stdout
+        try:
+            pid = os.posix_spawn(runtime, argv, os.environ, file_actions=actions)
+        finally:
+            os.close(out_w)
+        chunks = []
+        deadline = time.monotonic() + STATE_TIMEOUT_S
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([out_r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise TimeoutError(f"no answer within {STATE_TIMEOUT_S:.0f}s")
+            data = os.read(out_r, 65536)
+            if not data:
+                break
+            chunks.append(data)
+    except OSError as exc:
+        raise OSError(f"{' '.join(argv)}: {exc.strerror or exc}") from None
+    finally:
+        os.close(out_r)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), b"".join(chunks)
 
 
 def unrecorded(runtime: str, roots: list[str], container_id: str) -> dict[str, Any] | None:
