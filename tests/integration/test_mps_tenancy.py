@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import testbed
 
 from gpuhook.pipeline.sharing import format_size
 from tests.conftest import Containers, FakeNode
@@ -347,3 +348,43 @@ def test_a_non_root_container_is_refused_when_its_server_cannot_reach_the_pipe_f
     root = client_bundle(mnode, containers, CLIENT, env=["NVIDIA_VISIBLE_DEVICES=1"])
     served = containers.run(root, env)
     assert served.returncode == 0 and got(served.stdout)["server_uid"] == "0"
+
+
+# --- the creator: counted before the runtime knows the container ----------------------------------
+
+
+@pytest.mark.parametrize("through", ["process", "service"])
+def test_the_record_names_the_process_that_runs_the_runtimes_create(
+    mps: Mps,  # noqa: F811 - the fixture of test_mps
+    containers: Containers,
+    tmp_path: Path,
+    runtime_service: Any,
+    through: str,
+) -> None:
+    """MPS admission counts a container while the process that runs its runtime's create lives
+    (the runtime may not know it yet): the shim's own process, or the runtime service's caller,
+    which execs the runtime after the service decided."""
+    from gpuhook.runtime import service
+    from tests.runtime_service import dispatcher_script
+
+    env = mps.configure(gpus=[0], replicas=2)
+    mps.start()
+    runtime = testbed.RUNTIME
+    if through == "service":
+        svc = runtime_service({**os.environ, **env})
+        runtime = str(dispatcher_script(tmp_path / "gpuhook-runtime", svc.socket, tmp_path / "r"))
+    bundle = containers.bundle(args=("/bin/true",), env=["NVIDIA_VISIBLE_DEVICES=0"])
+    with open(tmp_path / "out", "wb") as out:
+        proc = subprocess.Popen(
+            [runtime, "--root", str(containers.state), "create", "--bundle", str(bundle), "c1"],
+            env={"PATH": os.environ["PATH"], **env},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+        )
+        assert proc.wait(60) == 0, (tmp_path / "out").read_text()
+    record = json.loads((bundle / "gpuhook-decision.json").read_text())
+    creator = record["runtime"]["creator"]
+    assert creator["pid"] == proc.pid and creator["start"] > 0
+    if through == "service":
+        assert (tmp_path / "r").read_bytes().startswith(service.EXEC)  # the service decided
