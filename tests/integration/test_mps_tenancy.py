@@ -62,7 +62,8 @@ def got(stdout: str) -> dict[str, str]:
 
 @pytest.fixture
 def open_root() -> Iterator[Path]:
-    """An MPS root every uid can search (pytest's own temp folders are not: 0700)."""
+    """An MPS root every uid can search (pytest's own temp folders are not: 0700). List it
+    before ``mps``: it is then removed after ``mps`` stopped the daemons under it."""
     folder = Path(tempfile.mkdtemp(prefix="gh-mps-", dir="/tmp"))
     folder.chmod(0o755)
     yield folder
@@ -137,9 +138,9 @@ def test_exclusive_process_by_default_and_a_start_converges_after_crashes(
 
 
 def test_doctor_warns_with_the_consequence_when_exclusive_process_is_off(
+    open_root: Path,
     mnode: FakeNode,  # noqa: F811 - the fixture of test_mps
     mps: Mps,  # noqa: F811 - the fixture of test_mps
-    open_root: Path,
 ) -> None:
     mps.root = open_root / "mps"  # searchable by every uid: no warning about non-root clients
     mps.configure(gpus=[1], exclusive_process=False)
@@ -252,10 +253,10 @@ def test_a_container_that_exited_stops_counting_while_its_bundle_stays(
 
 
 def test_a_non_root_container_reaches_a_server_of_its_uid_with_the_same_limits(
+    open_root: Path,
     mnode: FakeNode,  # noqa: F811 - the fixture of test_mps
     mps: Mps,  # noqa: F811 - the fixture of test_mps
     containers: Containers,
-    open_root: Path,
 ) -> None:
     mps.root = open_root / "mps"
     env = mps.configure(gpus=[1], replicas=4)
