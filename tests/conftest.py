@@ -207,6 +207,45 @@ class Containers:
         cid = container_id or f"gh-{uuid.uuid4().hex[:12]}"
         return testbed.run_container(str(bundle), cid, str(self.state), env, runtime)
 
+    def create(
+        self,
+        bundle: Path,
+        env: Mapping[str, str],
+        container_id: str | None = None,
+        runtime: str = testbed.RUNTIME,
+    ) -> tuple[str, int, str]:
+        """``<runtime> --root STATE create``: the container waits in state ``created`` (start
+        it with :meth:`runc`). Its init keeps the caller's stdio, so they are files, not pipes.
+        Returns (id, exit code, stderr)."""
+        cid = container_id or f"gh-{uuid.uuid4().hex[:12]}"
+        out, err = self.base / f"{cid}.out", self.base / f"{cid}.err"
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            code = subprocess.run(
+                [runtime, "--root", str(self.state), "create", "--bundle", str(bundle), cid],
+                env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **env},
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                timeout=60,
+                check=False,
+            ).returncode
+        return cid, code, err.read_text()
+
+    def runc(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Plain runc on this state root (start, state, delete, ...), as the engine calls it."""
+        return subprocess.run(
+            ["runc", "--root", str(self.state), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def status(self, container_id: str) -> str:
+        """The runtime's status of a container ("" when it does not know it)."""
+        out = self.runc("state", container_id)
+        return str(json.loads(out.stdout)["status"]) if out.returncode == 0 else ""
+
     def probe(
         self,
         runtime_env: Mapping[str, str],

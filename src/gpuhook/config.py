@@ -84,7 +84,7 @@ DEFAULTS: dict[str, Any] = {
         "active_thread_percentage": None,
         "pinned_memory_limit": None,
         "oversubscription": "reject",
-        "exclusive_process": False,
+        "exclusive_process": True,
         "log_dir": False,
         "shm": "",
     },

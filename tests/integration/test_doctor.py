@@ -268,26 +268,44 @@ def test_an_mps_daemon_down(
     engines: Engines,
     tmp_path: Path,
 ) -> None:
-    """A shared GPU's daemon running passes; killed by hand it fails with the fix."""
+    """A shared GPU's daemon running passes; killed by hand it fails with the fix, and its GPU
+    left in EXCLUSIVE_PROCESS (usable by no one) is a warning with the fix. The MPS root under
+    pytest's 0700 temp folder is a warning too: non-root clients could not be served."""
     env = mps.configure(gpus=[1])
     env = {
         **env,
         **{k: v for k, v in healthy_env(mnode, tmp_path).items() if k != "GPUHOOK_CONFIG"},
     }
+
+    def mps_checks() -> list[tuple[str, str, str]]:
+        out = mnode.gpuhook("doctor", "-o", "json", *engines.args, env=env)
+        checks = json.loads(out.stdout)["checks"]
+        failed = [c["check"] for c in checks if c["status"] == "fail"]
+        assert out.returncode == (1 if failed else 0), out.stderr
+        return [(c["status"], c["message"], c["fix"]) for c in checks if c["check"] == "mps"]
+
     mps.start()
-    code, lines = doctor(mnode, env, engines)
-    assert lines["mps"][0] == "PASS", lines["mps"]
-    assert lines["mps"][1].startswith("MPS control daemon of group gpu1 (GPU 1) running, pid ")
+    running = mps_checks()
+    assert [c[0] for c in running] == ["pass", "warn"], running
+    assert running[0][1].startswith("MPS control daemon of group gpu1 (GPU 1) running, pid ")
+    assert running[1][1].startswith("group gpu1: /tmp/pytest-of-root is not searchable by other")
     for pid in mps.daemons():
         os.kill(pid, signal.SIGKILL)
-    code, lines = doctor(mnode, env, engines)
-    assert code == 1
-    assert lines["mps"] == (
-        "FAIL",
-        f"MPS control daemon of group gpu1 (GPU 1) is down ({mps.pipe('gpu1')}); containers "
-        "granted these GPUs are refused; fix: gpuhook mps start gpu1 (or: systemctl start "
-        "gpuhook-mps@gpu1)",
-    )
+    assert mps_checks() == [
+        (
+            "fail",
+            f"MPS control daemon of group gpu1 (GPU 1) is down ({mps.pipe('gpu1')}); containers "
+            "granted these GPUs are refused",
+            "gpuhook mps start gpu1 (or: systemctl start gpuhook-mps@gpu1)",
+        ),
+        running[1],
+        (
+            "warn",
+            "GPU 1 is in EXCLUSIVE_PROCESS compute mode with no MPS daemon: no CUDA process can "
+            "use it",
+            "gpuhook mps start gpu1 (or gpuhook mps stop gpu1: back to DEFAULT)",
+        ),
+    ]
 
 
 def test_another_cdi_spec_of_the_same_devices(

@@ -120,11 +120,14 @@ def test_start_twice_is_idempotent_with_the_real_command_lines(mnode: FakeNode, 
     assert first.returncode == 0, first.stderr
     lines = first.stdout.splitlines()
     pid0 = (mps.pipe("gpu0") / "nvidia-cuda-mps-control.pid").read_text().strip()
-    assert lines[0] == f"gpu0 (GPU 0): started (pid {pid0}), pipe {mps.pipe('gpu0')}"
+    mode = "compute mode EXCLUSIVE_PROCESS"  # mps.exclusive_process is true by default
+    assert lines[0] == f"gpu0 (GPU 0): started (pid {pid0}), pipe {mps.pipe('gpu0')}, {mode}"
     assert lines[1].startswith("gpu3 (GPU 3): started (pid ")
     second = mps.gpuhook("mps", "start", "0")
     assert second.returncode == 0, second.stderr
-    assert second.stdout == f"gpu0 (GPU 0): already running (pid {pid0}), pipe {mps.pipe('gpu0')}\n"
+    assert second.stdout == (
+        f"gpu0 (GPU 0): already running (pid {pid0}), pipe {mps.pipe('gpu0')}, {mode}\n"
+    )
     assert len(mps.daemons()) == 2  # one per GPU, no second daemon for GPU 0
 
     log = mps.log("gpu0")
@@ -227,17 +230,6 @@ def test_daemon_killed_by_hand_is_reported_down_and_refuses_containers(
     mps.start("gpu1")  # a fresh daemon over the stale pid file
     assert mps.status("1")[0]["state"] == "running"
     assert containers.run(bundle, env).returncode == 0
-
-
-def test_exclusive_process_compute_mode(mnode: FakeNode, mps: Mps) -> None:
-    mps.configure(gpus=[3], exclusive_process=True)
-    mode_file = Path(mnode.truth["nvml_data"] + ".computemode.3")
-    mps.start()
-    assert mode_file.read_text().strip() == "3"  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
-    assert mps.status()[0]["compute_modes"] == {"3": "EXCLUSIVE_PROCESS"}
-    out = mps.gpuhook("mps", "stop")
-    assert out.returncode == 0, out.stderr
-    assert mode_file.read_text().strip() == "0"
 
 
 def test_mig_gpu_cannot_be_shared(mnode: FakeNode, mps: Mps, containers: Containers) -> None:
@@ -491,17 +483,16 @@ def test_bad_values_are_refused_and_nothing_is_applied(
     assert not (bundle / "gpuhook-decision.json").exists()
 
 
-def test_pinned_limits_over_the_gpu_memory_are_refused_under_reject(
+def test_pinned_reservations_over_the_gpu_memory_are_refused_under_reject(
     mnode: FakeNode, mps: Mps, containers: Containers
 ) -> None:
-    """The sum is over the live containers on the GPU: those whose record (in their bundle)
-    still exists. A deleted container's bundle takes its share with it."""
-    env = mps.configure(gpus=[0])
+    """The sum is over the live containers on the GPU: those their runtime has not finished
+    with (created here), whose record (in their bundle) still exists."""
+    env = mps.configure(gpus=[0], pinned_memory_limit="50G")
     mps.start()
-    first, first_bundle = run_script(
-        containers, env, "true", env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={ANN_PINNED: "50G"}
-    )
-    assert first.returncode == 0, first.stderr
+    first = containers.bundle(args=("/bin/true",), env=["NVIDIA_VISIBLE_DEVICES=0"])
+    first_id, code, err = containers.create(first, env)
+    assert (code, err) == (0, "")
     second = containers.bundle(
         args=("/bin/true",), env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={ANN_PINNED: "40G"}
     )
@@ -509,25 +500,26 @@ def test_pinned_limits_over_the_gpu_memory_are_refused_under_reject(
     out = containers.run(second, env)
     assert out.returncode == 1
     assert out.stderr == (
-        "gpuhook: MPS pinned memory limits on GPU 0 would add up to 90G of its 79.6G "
-        "(40G for this container, 50G for 1 live container(s)); mps.oversubscription is reject\n"
+        "gpuhook: MPS pinned memory reservations on GPU 0 would add up to 100G of its 79.6G "
+        "(50G for this container (the group's share: its processes may raise their 40G limit "
+        "up to it), 50G for 1 live container(s)); mps.oversubscription is reject\n"
     )
     assert (second / "config.json").read_bytes() == before
     # a dry run over the live container's own bundle does not count it twice
-    dry = mps.gpuhook("inspect", "spec", "--bundle", str(first_bundle), "-o", "json")
+    dry = mps.gpuhook("inspect", "spec", "--bundle", str(first), "-o", "json")
     assert dry.returncode == 0, dry.stderr
     dry = mps.gpuhook("inspect", "spec", "--bundle", str(second), "-o", "json")
     assert (dry.returncode, dry.stderr) == (1, out.stderr)
     other_gpu = containers.bundle(args=("/bin/true",), env=["NVIDIA_VISIBLE_DEVICES=1"])
     assert containers.run(other_gpu, env).returncode == 0  # not shared: not counted
-    shutil.rmtree(first_bundle)  # the engine deletes the container with its bundle
+    assert containers.runc("delete", first_id).returncode == 0
+    shutil.rmtree(first)  # the engine deletes the container with its bundle
     out = containers.run(second, env)
     assert out.returncode == 0, out.stderr
-    allow = mps.configure(gpus=[0], oversubscription="allow")
-    third = containers.bundle(
-        args=("/bin/true",), env=["NVIDIA_VISIBLE_DEVICES=0"], annotations={ANN_PINNED: "70G"}
-    )
-    assert containers.run(third, allow).returncode == 0
+    allow = mps.configure(gpus=[0], pinned_memory_limit="50G", oversubscription="allow")
+    kept = [containers.create(containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"]), allow)]
+    kept.append(containers.create(containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=0"]), allow))
+    assert [(code, err) for _, code, err in kept] == [(0, ""), (0, "")]
 
 
 def test_inspect_spec_shows_the_limits_and_their_sources(

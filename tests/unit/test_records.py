@@ -242,31 +242,6 @@ def test_a_deleted_container_is_reported_as_deleted(three: Config, tmp_path: Pat
     ]
 
 
-def test_mps_usage_adds_up_the_counted_limits_of_live_records(tmp_path: Path) -> None:
-    config = state_config(tmp_path / "state")
-
-    def with_limits(cid: str, *limits: tuple[str, int, bool]) -> None:
-        record = write_record(config, cid, tmp_path / cid)
-        record["mps"] = {
-            "pinned_memory_limits": [{"uuid": u, "bytes": b, "counted": c} for u, b, c in limits]
-        }
-        (tmp_path / cid / writer.RECORD_NAME).write_text(json.dumps(record))
-
-    with_limits("a", ("GPU-1", 100, True), ("GPU-2", 7, False))
-    with_limits("b", ("GPU-1", 50, True))
-    with_limits("self", ("GPU-1", 1000, True))
-    with_limits("gone", ("GPU-1", 1000, True))
-    (tmp_path / "gone" / writer.RECORD_NAME).unlink()  # the engine deleted the container
-    with_limits("huge", ("GPU-1", 1000, True))
-    with open(tmp_path / "huge" / writer.RECORD_NAME, "ab") as fh:  # past the record size cap
-        fh.write(b" " * lookup.MAX_RECORD_BYTES)
-    assert lookup.mps_usage(config, "self") == {"GPU-1": (150, 2)}
-    dry_run = lookup.mps_usage(config, "", str(tmp_path / "self"))
-    assert dry_run == {"GPU-1": (150, 2)}
-    assert lookup.mps_usage(config, "") == {"GPU-1": (1150, 3)}
-    assert lookup.mps_usage(state_config(tmp_path / "none"), "") == {}
-
-
 # --- gc -------------------------------------------------------------------------------------------
 
 

@@ -10,7 +10,8 @@ import pytest
 from gpuhook import config as config_mod
 from gpuhook.errors import ConfigError, MpsError, RequestError, UsageError
 from gpuhook.model.decision import KIND_GPU, KIND_MIG, Decision, DeviceRef
-from gpuhook.pipeline import apply, flow, request, sharing
+from gpuhook.mps import daemons
+from gpuhook.pipeline import apply, flow, identity, request, sharing
 from gpuhook.runtime import decide
 from tests import factories as f
 from tests.imports import loaded
@@ -175,7 +176,7 @@ def test_config_that_does_not_fit_the_node(mps: dict[str, Any], message: str) ->
 
 def test_select_groups_by_name_index_or_uuid() -> None:
     gs = groups(gpus=[1, 2], groups={"pair": {"gpus": [0, 3]}})
-    pick = sharing.select_groups
+    pick = daemons.select_groups
     assert [g.name for g in pick(gs, ())] == ["pair", "gpu1", "gpu2"]
     assert [g.name for g in pick(gs, ("3", "gpu2"))] == ["pair", "gpu2"]
     assert [g.name for g in pick(gs, (UUIDS[1].upper(),))] == ["gpu1"]
@@ -229,17 +230,21 @@ def test_single_gpu_with_the_configured_share() -> None:
             "bytes": 20 * GIB,
             "limit": "20480M",
             "source": "1/4 of 80G from mps.replicas",
-            "counted": True,
+            "reserved": 20 * GIB,
         }
     ]
+    assert d["client_uid"] == 0
+    assert d["per_process"].startswith("MPS applies these limits to each CUDA process")
 
 
-def test_no_share_means_the_whole_gpu_and_is_not_counted() -> None:
+def test_no_share_means_the_whole_gpu_and_reserves_nothing() -> None:
     p = plan(grant(0), gpus=[0])
     assert p is not None
     assert p.percentage == 100 and p.percentage_source == "no share configured"
-    assert p.devices[0].pinned == MEM and not p.devices[0].counted
+    assert p.devices[0].pinned == MEM and p.devices[0].reserved == 0
     assert p.pinned_value == "0=81920M"
+    lowered = plan(grant(0), {sharing.ANN_PINNED: "8G"}, gpus=[0])
+    assert lowered is not None and lowered.devices[0].reserved == 0  # nothing enforces it
 
 
 def test_annotations_lower_the_share_and_say_so() -> None:
@@ -255,6 +260,8 @@ def test_annotations_lower_the_share_and_say_so() -> None:
         8 * GIB,
         f"annotation {sharing.ANN_PINNED}",
     )
+    # a process may raise its own limit up to the daemon's default: the share is reserved
+    assert p.devices[0].reserved == 40 * GIB
     other = plan(grant(0), {sharing.ANN_PERCENTAGE: "40"}, gpus=[0], replicas=2)
     assert other is not None and other.percentage == 40 and other.devices[0].pinned == 40 * GIB
 
@@ -330,29 +337,13 @@ def test_grants_one_daemon_cannot_serve() -> None:
     )
 
 
-def test_check_memory_sums_the_live_containers() -> None:
-    p = plan(grant(0), gpus=[0], replicas=4)
-    assert p is not None
-    sharing.check_memory(p, {UUIDS[0]: (60 * GIB, 3)}, "reject")  # exactly full: admitted
-    with pytest.raises(RequestError) as info:
-        sharing.check_memory(p, {UUIDS[0]: (61 * GIB, 3)}, "reject")
-    assert str(info.value) == (
-        "MPS pinned memory limits on GPU 0 would add up to 81G of its 80G (20G for this "
-        "container, 61G for 3 live container(s)); mps.oversubscription is reject"
-    )
-    sharing.check_memory(p, {UUIDS[0]: (200 * GIB, 9)}, "allow")
-    unlimited = plan(grant(0), gpus=[0])
-    assert unlimited is not None
-    sharing.check_memory(unlimited, {UUIDS[0]: (80 * GIB, 4)}, "reject")  # promised nothing
-
-
 # --- through the pipeline -----------------------------------------------------------------------
 
 
 def run(
     spec: dict[str, Any],
     probe: int | None = 4242,
-    usage: dict[str, tuple[int, int]] | None = None,
+    admitted: list[sharing.MpsPlan] | None = None,
     **mps: Any,
 ) -> flow.Outcome:
     return decide.run(
@@ -360,7 +351,7 @@ def run(
         cfg(**mps),
         inventory_source=lambda _c: INV,
         mps_probe=lambda _pipe: probe,
-        mps_usage_source=lambda: usage or {},
+        mps_admit=(admitted if admitted is not None else []).append,
     )
 
 
@@ -414,21 +405,57 @@ def test_pipeline_refuses_when_the_daemon_is_down() -> None:
     )
 
 
-def test_pipeline_memory_check_reads_usage_only_under_reject() -> None:
-    full = {UUIDS[0]: (70 * GIB, 2)}
+def test_pipeline_admits_the_plan_with_the_clients_host_uid() -> None:
+    admitted: list[sharing.MpsPlan] = []
     spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=0"])
-    with pytest.raises(RequestError, match="would add up to 110G of its 80G"):
-        run(spec, usage=full, gpus=[0], pinned_memory_limit="40G")
-    calls: list[int] = []
-    config = cfg(gpus=[0], pinned_memory_limit="40G", oversubscription="allow")
-    decide.run(
-        spec,
-        config,
-        inventory_source=lambda _c: INV,
-        mps_probe=lambda _p: 1,
-        mps_usage_source=lambda: calls.append(1) or full,
-    )
-    assert calls == []
+    spec["process"]["user"] = {"uid": 1000, "gid": 1000, "additionalGids": [44]}
+    run(spec, admitted=admitted, gpus=[0], replicas=2)
+    (p,) = admitted
+    assert (p.client.uid, p.client.gids) == (1000, (44, 1000))
+    assert p.to_dict()["client_uid"] == 1000
+    with pytest.raises(RequestError, match="too full"):
+
+        def refuse(_plan: sharing.MpsPlan) -> None:
+            raise RequestError("too full")
+
+        decide.run(
+            spec,
+            cfg(gpus=[0]),
+            inventory_source=lambda _c: INV,
+            mps_probe=lambda _p: 1,
+            mps_admit=refuse,
+        )
+
+
+@pytest.mark.parametrize(
+    ("linux", "expected"),
+    [
+        ({}, (1000, (1000,))),
+        (
+            {
+                "namespaces": [{"type": "user"}],
+                "uidMappings": [{"containerID": 0, "hostID": 100000, "size": 65536}],
+                "gidMappings": [{"containerID": 0, "hostID": 200000, "size": 65536}],
+            },
+            (101000, (201000,)),
+        ),
+        ({"namespaces": [{"type": "user", "path": "/proc/1/ns/user"}]}, (None, ())),
+        (
+            {
+                "namespaces": [{"type": "user"}],
+                "uidMappings": [{"containerID": 0, "hostID": 5000, "size": 1}],
+            },
+            (None, ()),
+        ),
+    ],
+)
+def test_the_client_uid_is_the_hosts(linux: dict[str, Any], expected: tuple[Any, Any]) -> None:
+    spec = f.spec()
+    spec["process"]["user"] = {"uid": 1000, "gid": 1000}
+    spec["linux"] = {**spec.get("linux", {}), **linux}
+    client = identity.client_of(spec)
+    assert (client.uid, client.gids) == expected
+    assert identity.client_of({}) == identity.ROOT_CLIENT
 
 
 def test_non_mps_gpu_containers_are_untouched_by_mps() -> None:
@@ -442,8 +469,8 @@ def test_the_mps_create_path_imports_nothing_heavy() -> None:
     heavy |= {"contextlib", "yaml", "jsonschema", "structlog", "click", "pynvml"}
     assert (
         loaded(
-            "from gpuhook.pipeline import flow, sharing; from gpuhook.mps import daemons; "
-            "from gpuhook.records import writer",
+            "from gpuhook.pipeline import flow, sharing; "
+            "from gpuhook.mps import admission, daemons; from gpuhook.records import writer",
             heavy,
         )
         == []

@@ -14,12 +14,23 @@
  *                                daemon of $CUDA_MPS_PIPE_DIRECTORY; its reply goes to stdout.
  *                                No daemon: a message on stderr and exit 1.
  *
- * Commands: get_server_list, start_server -uid <uid> (forks a sleeping "server" process),
- * get_server_status <pid>, get_client_list <pid> (no clients: there is no GPU),
+ * Commands: get_server_list, start_server -uid <uid> (starts a server, below),
+ * get_server_status <pid>, get_client_list <pid> (the live clients attached to that server),
  * set_default_active_thread_percentage <1..100>, get_default_active_thread_percentage,
  * set_default_device_pinned_mem_limit <dev> <limit>, get_default_device_pinned_mem_limit <dev>,
  * quit [-t <s>] (stops servers, removes the socket and pid file, exits). SIGTERM acts like quit.
  * Paths are bound and connected relative to the pipe directory (sun_path holds 108 bytes).
+ *
+ * Servers and clients, as the real daemon runs them: "attach" is what a CUDA client sends
+ * (tools/fakenode/fake_cuda_client.c, standing in for libcuda's cuInit under MPS). The daemon
+ * reads the client's uid and pid (SO_PEERCRED) and serves it from the one server it runs at a
+ * time: a server of the client's uid (started if none runs: a forked process that drops to that
+ * uid, with setgid/setuid as the real daemon does, and must then reach the pipe directory and
+ * connect to its control socket as that uid, else it exits and the client gets an error); a
+ * server of another uid with live clients queues the client (the real client waits; the fake
+ * one is told "queued" and exits); an idle one is stopped first. A server takes the daemon's
+ * defaults when it starts (later set_default_* only affect the next server, as documented).
+ * The reply: "server <pid> uid <uid> percentage <p> pinned <dev>=<limit>|none,...".
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -29,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -49,10 +61,21 @@ extern char **environ;
 static char pipe_dir[4096];
 static char log_dir[4096];
 static volatile sig_atomic_t stopping;
+#define MAX_CLIENTS 64
+
 static int percentage = 100;
 static char pinned[MAX_DEVICES][64];
-static pid_t servers[MAX_SERVERS];
 static int listener = -1;
+
+/* one MPS server: its uid, the defaults it started with, its attached clients */
+struct server {
+    pid_t pid;
+    uid_t uid;
+    int percentage;
+    char pinned[MAX_DEVICES][64];
+    pid_t clients[MAX_CLIENTS];
+};
+static struct server servers[MAX_SERVERS];
 
 static void dirs(void) {
     const char *p = getenv("CUDA_MPS_PIPE_DIRECTORY");
@@ -133,8 +156,25 @@ static void reap(void) {
     pid_t pid;
     while ((pid = waitpid(-1, NULL, WNOHANG)) > 0) {
         for (int i = 0; i < MAX_SERVERS; i++)
-            if (servers[i] == pid) servers[i] = 0;
+            if (servers[i].pid == pid) memset(&servers[i], 0, sizeof servers[i]);
     }
+    for (int i = 0; i < MAX_SERVERS; i++)
+        for (int c = 0; c < MAX_CLIENTS; c++)
+            if (servers[i].clients[c] > 0 && !pid_alive(servers[i].clients[c])) servers[i].clients[c] = 0;
+}
+
+static int live_clients(const struct server *s) {
+    int n = 0;
+    for (int c = 0; c < MAX_CLIENTS; c++)
+        if (s->clients[c] > 0) n++;
+    return n;
+}
+
+static void stop_server(struct server *s) {
+    kill(s->pid, SIGTERM);
+    waitpid(s->pid, NULL, 0);
+    logf_("Server %ld (uid %u) exited", (long)s->pid, (unsigned)s->uid);
+    memset(s, 0, sizeof *s);
 }
 
 static void on_term(int sig) {
@@ -143,13 +183,8 @@ static void on_term(int sig) {
 }
 
 static void shutdown_daemon(void) {
-    for (int i = 0; i < MAX_SERVERS; i++) {
-        if (servers[i] > 0) {
-            kill(servers[i], SIGTERM);
-            waitpid(servers[i], NULL, 0);
-            servers[i] = 0;
-        }
-    }
+    for (int i = 0; i < MAX_SERVERS; i++)
+        if (servers[i].pid > 0) stop_server(&servers[i]);
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", pipe_dir, SOCKET_NAME);
     unlink(path);
@@ -174,8 +209,105 @@ static void reply(int fd, const char *fmt, ...) {
     }
 }
 
+/* Start a server as uid/gid (the real daemon forks, drops to the client's ids and execs
+ * nvidia-cuda-mps-server): the child must reach the pipe directory and connect to the control
+ * socket as that uid, and tells the daemon through a pipe. NULL (and why) when it could not. */
+static struct server *spawn_server(int client, uid_t uid, gid_t gid, char *why, size_t size) {
+    int slot = -1;
+    for (int i = 0; i < MAX_SERVERS; i++)
+        if (servers[i].pid <= 0) { slot = i; break; }
+    if (slot < 0) {
+        snprintf(why, size, "too many servers");
+        return NULL;
+    }
+    int status[2];
+    if (pipe2(status, O_CLOEXEC) != 0) {
+        snprintf(why, size, "pipe: %s", strerror(errno));
+        return NULL;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(listener);
+        close(client); /* the caller's connection: its reply ends when the daemon closes it */
+        close(status[0]);
+        signal(SIGTERM, SIG_DFL);
+        prctl(PR_SET_NAME, "nvidia-cuda-mps-server");
+        int err = 0;
+        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) err = errno;
+        int s = err ? -1 : control_socket(0); /* chdir into the pipe directory, then connect */
+        if (!err && s < 0) err = errno ? errno : EACCES;
+        if (s >= 0) close(s);
+        if (write(status[1], &err, sizeof err) != (ssize_t)sizeof err || err) _exit(1);
+        close(status[1]);
+        for (;;) pause();
+    }
+    close(status[1]);
+    int err = EIO;
+    if (pid < 0 || read(status[0], &err, sizeof err) != (ssize_t)sizeof err) err = pid < 0 ? errno : EIO;
+    close(status[0]);
+    if (err) {
+        if (pid > 0) waitpid(pid, NULL, 0);
+        snprintf(why, size, "cannot reach %s/%s as uid %u: %s", pipe_dir, SOCKET_NAME, (unsigned)uid,
+                 strerror(err));
+        logf_("Server for uid %u failed: %s", (unsigned)uid, why);
+        return NULL;
+    }
+    struct server *srv = &servers[slot];
+    memset(srv, 0, sizeof *srv);
+    srv->pid = pid;
+    srv->uid = uid;
+    srv->percentage = percentage;
+    memcpy(srv->pinned, pinned, sizeof pinned);
+    logf_("Server %ld for uid %u started", (long)pid, (unsigned)uid);
+    return srv;
+}
+
+static struct server *active_server(void) {
+    for (int i = 0; i < MAX_SERVERS; i++)
+        if (servers[i].pid > 0) return &servers[i];
+    return NULL;
+}
+
+/* A CUDA client attaches: serve it from a server of its uid (see the top of this file). */
+static void attach(int fd) {
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+        reply(fd, "error cannot read the client's credentials\n");
+        return;
+    }
+    logf_("NEW CLIENT %ld from user %u", (long)cred.pid, (unsigned)cred.uid);
+    reap();
+    struct server *srv = active_server();
+    if (srv && srv->uid != cred.uid) {
+        int n = live_clients(srv);
+        if (n > 0) {
+            reply(fd, "queued behind server %ld of uid %u (%d client(s))\n", (long)srv->pid,
+                  (unsigned)srv->uid, n);
+            return;
+        }
+        stop_server(srv);
+        srv = NULL;
+    }
+    if (!srv) {
+        char why[8192];
+        srv = spawn_server(fd, cred.uid, cred.gid, why, sizeof why);
+        if (!srv) {
+            reply(fd, "error the MPS server failed to start: %s\n", why);
+            return;
+        }
+    }
+    for (int c = 0; c < MAX_CLIENTS; c++)
+        if (srv->clients[c] <= 0) { srv->clients[c] = cred.pid; break; }
+    reply(fd, "server %ld uid %u percentage %d pinned", (long)srv->pid, (unsigned)srv->uid, srv->percentage);
+    for (int d = 0; d < MAX_DEVICES; d++)
+        if (srv->pinned[d][0]) reply(fd, " %d=%s", d, srv->pinned[d]);
+    reply(fd, "\n");
+}
+
 /* Handle one command; returns 1 when the daemon must quit. */
 static int handle(int fd, char *line) {
+    if (!*line) return 0; /* a server checking that it reaches the socket */
     logf_("Cmd:%s", line);
     char *argv[8] = {0};
     int argc = 0;
@@ -183,41 +315,34 @@ static int handle(int fd, char *line) {
     if (argc == 0) return 0;
     const char *cmd = argv[0];
     if (!strcmp(cmd, "quit")) return 1;
-    if (!strcmp(cmd, "get_server_list")) {
+    if (!strcmp(cmd, "attach")) {
+        attach(fd);
+    } else if (!strcmp(cmd, "get_server_list")) {
         reap();
         for (int i = 0; i < MAX_SERVERS; i++)
-            if (servers[i] > 0) reply(fd, "%ld\n", (long)servers[i]);
+            if (servers[i].pid > 0) reply(fd, "%ld\n", (long)servers[i].pid);
     } else if (!strcmp(cmd, "start_server")) {
         if (argc != 3 || strcmp(argv[1], "-uid")) {
             reply(fd, "Usage: start_server -uid <user id>\n");
             return 0;
         }
-        int slot = -1;
-        for (int i = 0; i < MAX_SERVERS; i++)
-            if (servers[i] <= 0) { slot = i; break; }
-        if (slot < 0) {
-            reply(fd, "Too many servers\n");
-            return 0;
-        }
-        pid_t pid = fork();
-        if (pid == 0) {
-            close(listener);
-            close(fd);
-            signal(SIGTERM, SIG_DFL);
-            prctl(PR_SET_NAME, "nvidia-cuda-mps-server");
-            for (;;) pause();
-        }
-        if (pid > 0) servers[slot] = pid;
-        logf_("Server %ld for uid %s started", (long)pid, argv[2]);
+        char why[8192];
+        uid_t uid = (uid_t)strtoul(argv[2], NULL, 10);
+        if (!spawn_server(fd, uid, (gid_t)uid, why, sizeof why)) reply(fd, "%s\n", why);
     } else if (!strcmp(cmd, "get_server_status")) {
         reap();
         long want = argc > 1 ? atol(argv[1]) : 0;
         int found = 0;
         for (int i = 0; i < MAX_SERVERS; i++)
-            if (servers[i] > 0 && servers[i] == want) found = 1;
+            if (servers[i].pid > 0 && servers[i].pid == want) found = 1;
         reply(fd, found ? "ACTIVE\n" : "Server %ld not found\n", want);
     } else if (!strcmp(cmd, "get_client_list")) {
-        /* no GPU, so no client ever connects to a fake server */
+        reap();
+        long want = argc > 1 ? atol(argv[1]) : 0;
+        for (int i = 0; i < MAX_SERVERS; i++)
+            if (servers[i].pid > 0 && servers[i].pid == want)
+                for (int c = 0; c < MAX_CLIENTS; c++)
+                    if (servers[i].clients[c] > 0) reply(fd, "%ld\n", (long)servers[i].clients[c]);
     } else if (!strcmp(cmd, "set_default_active_thread_percentage")) {
         char *end = NULL;
         long v = argc == 2 ? strtol(argv[1], &end, 10) : -1;

@@ -304,8 +304,8 @@ def inspect_spec(
 
     bundle_abs = os.path.abspath(bundle_dir)
     # a dry run over a live container's bundle must not count that container twice
-    usage = decide.mps_usage_of(config, exclude_bundle=bundle_abs)
-    outcome = decide.run(spec, config, bundle=bundle_abs, mps_usage_source=usage)
+    admit = decide.read_only_admission(config, exclude_bundle=bundle_abs)
+    outcome = decide.run(spec, config, bundle=bundle_abs, mps_admit=admit)
     if diff:
         import json
 
@@ -616,7 +616,10 @@ def _mps_each(obj: Context, gpus: tuple[str, ...], action: str) -> None:
             continue
         log.get_logger().info("mps " + action, **result)
         pid = f" (pid {result['pid']})" if result["pid"] else ""
-        click.echo(f"{daemon.label}: {result['state']}{pid}, pipe {daemon.pipe_dir}")
+        mode = f", compute mode {result['compute_mode']}" if result.get("compute_mode") else ""
+        click.echo(f"{daemon.label}: {result['state']}{pid}, pipe {daemon.pipe_dir}{mode}")
+        for warning in result.get("warnings", []):
+            click.echo(f"gpuhook: warning: {warning}", err=True)
     if failures:
         raise failures[0]
 

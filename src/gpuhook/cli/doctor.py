@@ -680,10 +680,9 @@ def _in_folders(path: str, folders: tuple[str, ...]) -> bool:
 
 @register("mps")
 def check_mps(node: Node) -> list[Result]:
-    """The control daemon of every MPS share group: a container granted a GPU of a group whose
-    daemon is down fails to start."""
+    """The control daemon of every MPS share group (a container granted a GPU of a group whose
+    daemon is down fails to start), and the compute mode of its GPUs."""
     from gpuhook.errors import GpuhookError
-    from gpuhook.mps import daemons
     from gpuhook.pipeline import sharing
 
     config = node.need_config()
@@ -696,30 +695,48 @@ def check_mps(node: Node) -> list[Result]:
         groups = sharing.resolve_groups(config.mps, inventory, config.source)
     except GpuhookError as exc:
         return [Result("mps", FAIL, str(exc), f"fix mps.* in {config.source}")]
-    results = []
-    for group in groups:
-        pipe = group.pipe_dir(config.mps.root)
-        pid = daemons.control_pid(pipe)
-        gpus = ",".join(str(g.index) for g in group.gpus)
-        if pid is None:
-            results.append(
-                Result(
-                    "mps",
-                    FAIL,
-                    f"MPS control daemon of group {group.name} (GPU {gpus}) is down ({pipe}); "
-                    "containers granted these GPUs are refused",
-                    f"gpuhook mps start {group.name} "
-                    f"(or: systemctl start gpuhook-mps@{group.name})",
-                )
+    results = [r for group in groups for r in _mps_group(config, group)]
+    if not config.mps.exclusive_process:
+        results.append(
+            Result(
+                "mps",
+                WARN,
+                "mps.exclusive_process is false: the MPS-shared GPUs stay in DEFAULT compute "
+                "mode, so a tenant that unsets CUDA_MPS_PIPE_DIRECTORY leaves MPS and gets the "
+                "whole GPU (all its SMs and memory, outside its limits)",
+                f"set mps.exclusive_process: true in {config.source}, then: gpuhook mps start",
             )
-        else:
-            results.append(
-                Result(
-                    "mps",
-                    PASS,
-                    f"MPS control daemon of group {group.name} (GPU {gpus}) running, pid {pid}",
-                )
-            )
+        )
+    return results
+
+
+def _mps_group(config: Config, group: Any) -> list[Result]:
+    from gpuhook.errors import GpuhookError
+    from gpuhook.mps import admission, daemons
+
+    pipe = group.pipe_dir(config.mps.root)
+    pid = daemons.control_pid(pipe)
+    what = f"MPS control daemon of group {group.name} (GPU {group.indices})"
+    if pid is None:
+        result = Result(
+            "mps",
+            FAIL,
+            f"{what} is down ({pipe}); containers granted these GPUs are refused",
+            f"gpuhook mps start {group.name} (or: systemctl start gpuhook-mps@{group.name})",
+        )
+    else:
+        result = Result("mps", PASS, f"{what} running, pid {pid}")
+    results = [result]
+    blocked = admission.unsearchable(pipe)
+    if blocked:
+        results.append(Result("mps", WARN, admission.non_root_warning(group.name, blocked)))
+    try:
+        modes = daemons.compute_modes(config, group)
+    except GpuhookError as exc:
+        return [*results, Result("mps", WARN, f"compute mode of group {group.name}: {exc}")]
+    problem = daemons.mode_problem(group.name, pid is not None, config.mps.exclusive_process, modes)
+    if problem is not None:
+        results.append(Result("mps", WARN, problem[0], problem[1]))
     return results
 
 

@@ -275,6 +275,7 @@ def mps_table(view: dict[str, Any], color: bool = False) -> str:
                 ",".join(str(x["index"]) for x in g["gpus"]),
                 paint(state, "ok" if state == "running" else "fail", color),
                 g["pid"],
+                _compute_mode_cell(g.get("compute_modes"), color),
                 g["pipe_dir"],
                 threads if threads is not None else "-",
                 ",".join(f"{i}={v}" for i, v in pinned.items() if v) or "-",
@@ -286,21 +287,26 @@ def mps_table(view: dict[str, Any], color: bool = False) -> str:
                 or "none",
             ]
         )
-        for key in ("note", "error"):
+        for key in ("note", "compute_mode_note", "error"):
             if g.get(key):
                 notes.append(f"  {g['group']}: {g[key]}\n")
-        if g.get("compute_modes"):
-            modes = ", ".join(f"GPU {i} {m}" for i, m in g["compute_modes"].items())
-            notes.append(f"  {g['group']}: compute mode {modes}\n")
+    headers = ["GROUP", "GPUS", "DAEMON", "PID", "COMPUTE MODE", "PIPE DIR", "THREADS %"]
     out = [
         f"MPS root  {view['root']}   (config {view['config']})\n",
-        table(
-            ["GROUP", "GPUS", "DAEMON", "PID", "PIPE DIR", "THREADS %", "PINNED", "SERVERS"], rows
-        ),
+        table([*headers, "PINNED", "SERVERS"], rows),
     ]
     if notes:
         out.append(section("Notes", "".join(notes), color))
     return "\n".join(out)
+
+
+def _compute_mode_cell(modes: dict[str, str] | None, color: bool) -> str:
+    """One mode for the group's GPUs (``EXCLUSIVE_PROCESS``), else each GPU's; ``?`` unread."""
+    if not modes:
+        return "?"
+    distinct = set(modes.values())
+    text = distinct.pop() if len(distinct) == 1 else ",".join(f"{i}:{m}" for i, m in modes.items())
+    return paint(text, "ok" if text == "EXCLUSIVE_PROCESS" else "warn", color)
 
 
 # --- inspect spec -------------------------------------------------------------------------------
@@ -402,10 +408,23 @@ def _mps_rows(mps: dict[str, Any]) -> list[list[str]]:
         ["pipe dir", f"{mps['container_pipe_dir']} <- {mps['pipe_dir']}", ""],
         ["active threads", f"{pct['value']}%", pct["source"]],
     ]
-    rows += [
-        ["pinned memory", f"device {d['index']} (GPU {d['gpu']}): {d['limit']}", d["source"]]
-        for d in mps["pinned_memory_limits"]
-    ]
+    for d in mps["pinned_memory_limits"]:
+        rows.append(
+            ["pinned memory", f"device {d['index']} (GPU {d['gpu']}): {d['limit']}", d["source"]]
+        )
+        reserved = d.get("reserved")
+        rows.append(
+            [
+                "reserved",
+                f"device {d['index']} (GPU {d['gpu']}): "
+                + (f"{reserved // (1 << 20)}M" if reserved else "none"),
+                "the group's share (the daemon's default)" if reserved else "no share configured",
+            ]
+        )
+    if mps.get("client_uid") is not None:
+        rows.append(["client uid", str(mps["client_uid"]), "the process's user, on the host"])
+    if mps.get("per_process"):
+        rows.append(["per process", "yes", mps["per_process"]])
     return rows
 
 

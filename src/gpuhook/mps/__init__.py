@@ -1,6 +1,9 @@
-"""CUDA MPS control daemons (I/O): start, stop, status (:mod:`.daemons`).
+"""CUDA MPS (I/O): the control daemons, start, stop, status (:mod:`.daemons`), and admission:
+what is reserved on each shared GPU now and whether a container fits (:mod:`.admission`, on the
+create path).
 
 The pure part (share groups, limits) is :mod:`gpuhook.pipeline.sharing`.
 
-May import: gpuhook.pipeline, gpuhook.inventory, gpuhook.model, the top-level modules.
+May import: gpuhook.pipeline, gpuhook.records, gpuhook.inventory, gpuhook.model, the top-level
+modules.
 """

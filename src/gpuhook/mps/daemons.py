@@ -16,13 +16,22 @@ mounted). :func:`control_pid` (file and /proc reads, no subprocess) is what the 
 path uses to tell that a daemon is up; every signal is sent only after the same check. Each
 start gets a new, empty pipe folder: the folder a container had mounted (and may have filled
 with links) is removed, never reused.
+
+Compute mode (``mps.exclusive_process``, true by default): ``start`` puts the group's GPUs in
+EXCLUSIVE_PROCESS through NVML, so that only the MPS server holds a context on them and a
+client that leaves MPS (unsets ``CUDA_MPS_PIPE_DIRECTORY``) gets none, instead of the whole GPU.
+``stop`` restores DEFAULT. Before it sets a mode, gpuhook writes ``<mps.root>/<group>/
+compute-mode`` (root's, never mounted) and removes it once DEFAULT is back, so every step
+converges after a crash of the daemon or of gpuhook itself: ``start`` sets the mode whether or
+not a daemon runs, and a group whose file exists is put back to DEFAULT by ``stop`` (or by a
+``start`` once the key is false) whatever the config says now.
 """
 
 from __future__ import annotations
 
 import os
 
-from gpuhook.errors import GpuhookError, MpsError
+from gpuhook.errors import GpuhookError, MpsError, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,6 +43,9 @@ if TYPE_CHECKING:
 
 CONTROL = "nvidia-cuda-mps-control"
 RECORD = "control.pid"
+MODE_RECORD = "compute-mode"
+EXCLUSIVE = "EXCLUSIVE_PROCESS"
+DEFAULT = "DEFAULT"
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 10.0
@@ -207,37 +219,68 @@ class Daemon:
         return FileLock(os.path.join(self.config.mps.root, self.group.name, "lock"), LOCK_TIMEOUT_S)
 
     def start(self) -> dict[str, Any]:
-        """Start the daemon unless it runs, then set the group's share as its defaults."""
-        os.makedirs(os.path.dirname(self.pipe_dir), mode=0o755, exist_ok=True)
-        os.makedirs(self.log_dir, mode=0o755, exist_ok=True)
+        """Start the daemon unless it runs, put the GPUs in the configured compute mode (also
+        when it runs: a start converges), then set the group's share as its defaults."""
+        self._folders()
         with self.lock():
             pid = self.pid()
+            mode = self._converge_mode()
             state = "already running"
             if pid is None:
-                pid, state = self._start_new(), "started"
+                try:
+                    pid, state = self._start_new(), "started"
+                except MpsError:
+                    if mode == EXCLUSIVE:  # no daemon: leave the GPUs usable
+                        self._restore_mode()
+                    raise
             self._record(pid)
             defaults = self.group.default_commands()
             for command in defaults:
                 self.send(command)
-        return {**self._head(), "state": state, "pid": pid, "defaults_set": defaults}
+        from gpuhook.mps.admission import non_root_warning, unsearchable
+
+        blocked = unsearchable(self.pipe_dir)
+        return {
+            **self._head(),
+            "state": state,
+            "pid": pid,
+            "defaults_set": defaults,
+            "compute_mode": mode,
+            "warnings": [non_root_warning(self.group.name, blocked)] if blocked else [],
+        }
+
+    def _folders(self) -> None:
+        """The root, group, pipe and log folders, searchable by every uid whatever the umask:
+        the daemon starts each client's MPS server as that client's uid, and the server must
+        reach them. A folder above them that is not searchable is only reported."""
+        created = not os.path.isdir(self.config.mps.root)
+        group_dir = os.path.dirname(self.pipe_dir)
+        os.makedirs(group_dir, mode=0o755, exist_ok=True)
+        os.makedirs(self.log_dir, mode=0o755, exist_ok=True)
+        for folder in ([self.config.mps.root] if created else []) + [group_dir, self.log_dir]:
+            os.chmod(folder, 0o755)  # noqa: S103 - every MPS server's uid must search it
+
+    def _converge_mode(self) -> str | None:
+        """EXCLUSIVE_PROCESS under ``exclusive_process``; else DEFAULT back where gpuhook had
+        set a mode (its record), else nothing touched (None)."""
+        if self.config.mps.exclusive_process:
+            self._set_mode(EXCLUSIVE)
+            return EXCLUSIVE
+        if os.path.lexists(self.mode_record):
+            self._restore_mode()
+            return DEFAULT
+        return None
 
     def _start_new(self) -> int:
         self._forget()
         self._fresh_pipe_dir()
-        if self.config.mps.exclusive_process:
-            self._compute_mode("EXCLUSIVE_PROCESS")
-        try:
-            self._spawn()
-            pid: int | None = _wait(lambda: find_daemon(self.pipe_dir), START_TIMEOUT_S)
-            if pid is None:
-                raise MpsError(
-                    f"{self.label}: the control daemon did not come up within "
-                    f"{START_TIMEOUT_S:.0f}s; see {self.log_dir}/control.log"
-                )
-        except MpsError:
-            if self.config.mps.exclusive_process:  # no daemon: leave the GPUs usable
-                self._compute_mode("DEFAULT")
-            raise
+        self._spawn()
+        pid: int | None = _wait(lambda: find_daemon(self.pipe_dir), START_TIMEOUT_S)
+        if pid is None:
+            raise MpsError(
+                f"{self.label}: the control daemon did not come up within "
+                f"{START_TIMEOUT_S:.0f}s; see {self.log_dir}/control.log"
+            )
         return pid
 
     def _fresh_pipe_dir(self) -> None:
@@ -253,6 +296,7 @@ class Daemon:
             else:
                 os.unlink(old)
         os.mkdir(self.pipe_dir, 0o755)
+        os.chmod(self.pipe_dir, 0o755)  # noqa: S103 - whatever the umask: servers reach it
 
     def _record(self, pid: int) -> None:
         from gpuhook.fsutil import atomic_write
@@ -310,9 +354,11 @@ class Daemon:
                 self._signal_until_gone(pid)
                 state = "stopped"
             self._forget()
-            if self.config.mps.exclusive_process:
-                self._compute_mode("DEFAULT")
-        return {**self._head(), "state": state, "pid": pid}
+            mode = None
+            if self.config.mps.exclusive_process or os.path.lexists(self.mode_record):
+                self._restore_mode()
+                mode = DEFAULT
+        return {**self._head(), "state": state, "pid": pid, "compute_mode": mode}
 
     def _signal_until_gone(self, pid: int) -> None:
         import signal
@@ -363,11 +409,19 @@ class Daemon:
                 out["servers"] = servers
             except MpsError as exc:
                 out["error"] = str(exc)
-        if self.config.mps.exclusive_process:
-            try:
-                out["compute_modes"] = self._compute_modes()
-            except GpuhookError as exc:
-                out["error"] = str(exc)
+        out["exclusive_process"] = self.config.mps.exclusive_process
+        try:
+            out["compute_modes"] = self.compute_modes()
+        except GpuhookError as exc:
+            out["compute_modes"] = None
+            out["error"] = str(exc)
+        else:
+            exclusive = self.config.mps.exclusive_process
+            problem = mode_problem(
+                self.group.name, pid is not None, exclusive, out["compute_modes"]
+            )
+            if problem:
+                out["compute_mode_note"] = f"{problem[0]}; run: {problem[1]}"
         return out
 
     def _head(self) -> dict[str, Any]:
@@ -377,6 +431,26 @@ class Daemon:
             "pipe_dir": self.pipe_dir,
             "log_dir": self.log_dir,
         }
+
+    @property
+    def mode_record(self) -> str:
+        """gpuhook's record that it set the compute mode of this group's GPUs."""
+        return os.path.join(self.config.mps.root, self.group.name, MODE_RECORD)
+
+    def _set_mode(self, mode: str) -> None:
+        """Record, then set: a crash between the two leaves a record that ``stop`` undoes."""
+        from gpuhook.fsutil import atomic_write
+
+        atomic_write(self.mode_record, f"{mode}\n".encode(), 0o644)
+        self._compute_mode(mode)
+
+    def _restore_mode(self) -> None:
+        """DEFAULT on the group's GPUs, then forget the record."""
+        self._compute_mode(DEFAULT)
+        try:
+            os.unlink(self.mode_record)
+        except FileNotFoundError:
+            pass
 
     def _compute_mode(self, mode: str) -> None:
         from gpuhook.inventory import nvml, store
@@ -389,15 +463,42 @@ class Daemon:
         except GpuhookError as exc:
             raise MpsError(f"{self.label}: cannot set compute mode {mode}: {exc}") from None
 
-    def _compute_modes(self) -> dict[str, str]:
-        from gpuhook.inventory import nvml, store
+    def compute_modes(self) -> dict[str, str]:
+        return compute_modes(self.config, self.group)
 
-        modes = nvml.compute_modes(
-            self.config.nvml_library,
-            store.nvml_candidates(self.config),
-            [g.uuid for g in self.group.gpus],
-        )
-        return {str(g.index): modes.get(g.uuid, "?") for g in self.group.gpus}
+
+def compute_modes(config: Config, group: Group) -> dict[str, str]:
+    """GPU index -> compute mode of a group's GPUs, through NVML. Raises GpuhookError."""
+    from gpuhook.inventory import nvml, store
+
+    modes = nvml.compute_modes(
+        config.nvml_library, store.nvml_candidates(config), [g.uuid for g in group.gpus]
+    )
+    return {str(g.index): modes.get(g.uuid, "?") for g in group.gpus}
+
+
+def mode_problem(
+    group: str, running: bool, exclusive: bool, modes: dict[str, str]
+) -> tuple[str, str] | None:
+    """What is wrong with the compute modes of a group (``modes``: GPU index -> mode) given
+    whether its daemon runs and ``mps.exclusive_process``, and the fix; None when nothing is."""
+    if running and exclusive:
+        off = [i for i, m in modes.items() if m != EXCLUSIVE]
+        if off:
+            return (
+                f"GPU {','.join(off)} is not in EXCLUSIVE_PROCESS compute mode while its MPS "
+                "daemon runs: a tenant that unsets CUDA_MPS_PIPE_DIRECTORY gets the whole GPU",
+                f"gpuhook mps start {group}",
+            )
+    if not running:
+        held = [i for i, m in modes.items() if m == EXCLUSIVE]
+        if held:
+            return (
+                f"GPU {','.join(held)} is in EXCLUSIVE_PROCESS compute mode with no MPS daemon: "
+                "no CUDA process can use it",
+                f"gpuhook mps start {group} (or gpuhook mps stop {group}: back to DEFAULT)",
+            )
+    return None
 
 
 def _wait(probe: Any, timeout: float) -> Any:
@@ -429,7 +530,7 @@ def daemons(config: Config, inventory: Inventory, names: tuple[str, ...]) -> lis
     groups = sharing.resolve_groups(config.mps, inventory, config.source)
     if not groups:
         raise MpsError(f"no GPU of this node is MPS-shared by {config.source} (mps.gpus)")
-    return [Daemon(config, inventory, g) for g in sharing.select_groups(groups, names)]
+    return [Daemon(config, inventory, g) for g in select_groups(groups, names)]
 
 
 def node_state(config: Config, inventory: Inventory) -> dict[str, Any]:
@@ -455,3 +556,30 @@ def node_state(config: Config, inventory: Inventory) -> dict[str, Any]:
                 "pipe_dir": pipe,
             }
     return {"gpus": out}
+
+
+def select_groups(groups: tuple[Group, ...], names: tuple[str, ...]) -> tuple[Group, ...]:
+    """The groups named on the command line by group name, GPU index or GPU UUID (all groups
+    when ``names`` is empty). Raises :class:`UsageError` for a name that is no shared GPU."""
+    if not names:
+        return groups
+    chosen: dict[str, Group] = {}
+    for name in names:
+        lowered = name.strip().lower()
+        match = next((g for g in groups if g.name.lower() == lowered), None)
+        if match is None:
+            match = next(
+                (
+                    g
+                    for g in groups
+                    for gpu in g.gpus
+                    if (lowered.isdigit() and gpu.index == int(lowered))
+                    or gpu.uuid.lower() == lowered
+                ),
+                None,
+            )
+        if match is None:
+            shared = ", ".join(f"{g.name} (GPU {g.indices})" for g in groups) or "none"
+            raise UsageError(f"{name!r} is not an MPS-shared GPU or share group (shared: {shared})")
+        chosen[match.name] = match
+    return tuple(g for g in groups if g.name in chosen)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from gpuhook.errors import CheckpointError, MpsError, RequestError
 from gpuhook.model.frozen import Frozen, _init
-from gpuhook.pipeline import apply, inject, policy, request
+from gpuhook.pipeline import apply, identity, inject, policy, request
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
     from typing import Any
 
     from gpuhook.config import Config
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gpuhook.model.edits import ContainerEdits
     from gpuhook.model.inventory import Inventory
     from gpuhook.pipeline.compat import CompatChoice, CompatLibrary
+    from gpuhook.pipeline.identity import Client
     from gpuhook.pipeline.kubelet import Allocation
     from gpuhook.pipeline.sharing import MpsPlan
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     CompatSource = Callable[[str], CompatLibrary | None]  # rootfs -> its forward compat libcuda
     CheckpointSource = Callable[[str, str, str], Allocation]
     MpsProbe = Callable[[str], int | None]  # pipe dir -> control daemon pid, None when down
-    MpsUsageSource = Callable[[], Mapping[str, tuple[int, int]]]  # uuid -> (bytes, containers)
+    MpsAdmit = Callable[[MpsPlan], None]  # raises a one-line GpuhookError when it cannot be
 
 
 class Outcome(Frozen):
@@ -87,7 +88,7 @@ def run(
     inventory_source: InventorySource,
     checkpoint_source: CheckpointSource,
     mps_probe: MpsProbe,
-    mps_usage_source: MpsUsageSource,
+    mps_admit: MpsAdmit,
     rootfs: str = "",
     parsed: Request | None = None,
     compat_source: CompatSource | None = None,
@@ -96,9 +97,9 @@ def run(
 
     The sources are the only I/O, each called only when the decision needs it (the runtime's
     defaults are in :mod:`gpuhook.runtime.decide`): the inventory, the kubelet checkpoint, and for
-    a grant of MPS-shared GPUs whether the group's control daemon runs (``mps_probe``) and the
-    pinned memory limits of the live containers (``mps_usage_source``, read only under
-    ``mps.oversubscription: reject``). ``rootfs``: the container's absolute rootfs when known.
+    a grant of MPS-shared GPUs whether the group's control daemon runs (``mps_probe``) and
+    whether the container fits beside the live ones (``mps_admit``,
+    :mod:`gpuhook.mps.admission`). ``rootfs``: the container's absolute rootfs when known.
     ``parsed``: the caller's ``request.parse(spec, config.policy.kubelet_dir)``, when it has it.
     ``compat_source``: the CUDA forward compatibility libcuda the image at ``rootfs`` ships, asked
     only for a compute grant of GPUs with ``inject.cuda_compat`` on.
@@ -111,7 +112,8 @@ def run(
     )
     mps_plan: MpsPlan | None = None
     if config.mps.enabled and decision.devices:
-        mps_plan = _mps(decision, inventory(), config, req, mps_probe, mps_usage_source)
+        client = identity.client_of(spec)
+        mps_plan = _mps(decision, inventory(), config, req, client, mps_probe, mps_admit)
     compat = _compat(decision, inventory, config, rootfs, compat_source)
     try:
         container_edits = inject.edits_for(
@@ -197,14 +199,15 @@ def _mps(
     inventory: Inventory,
     config: Config,
     req: Request,
+    client: Client,
     probe: MpsProbe,
-    usage_source: MpsUsageSource,
+    admit: MpsAdmit,
 ) -> MpsPlan | None:
     """The MPS plan of a grant (None when it holds no MPS-shared GPU), checked against the
-    daemon's state and, under ``reject``, the limits of the live containers."""
+    daemon's state and admitted beside the live containers."""
     from gpuhook.pipeline import sharing
 
-    plan = sharing.plan(decision, inventory, config.mps, config.source, req)
+    plan = sharing.plan(decision, inventory, config.mps, config.source, req, client)
     if plan is None:
         return None
     if probe(plan.pipe_dir) is None:
@@ -214,6 +217,5 @@ def _mps(
             f"the MPS control daemon of {what} {gpus} (group {plan.group}) is not running; "
             f"start it: gpuhook mps start {plan.group}"
         )
-    if config.mps.oversubscription == "reject" and any(d.counted for d in plan.devices):
-        sharing.check_memory(plan, usage_source(), config.mps.oversubscription)
+    admit(plan)
     return plan

@@ -16,6 +16,9 @@ Witnesses that disagree, a container type that is missing or unknown, or copied 
 give an identity with a ``problem``: the policy treats it as a pod sandbox (no GPU). A container
 of a ``podman pod`` carries a few of CRI-O's keys but is no Kubernetes container
 (:func:`is_podman_pod_container`).
+
+Also who the container's process is on the host (:func:`client_of`): its uid and groups mapped
+through the spec's user namespace, as a CUDA MPS control daemon sees its clients.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from __future__ import annotations
 import os
 
 from gpuhook.model.decision import KubeIdentity
+from gpuhook.model.frozen import Frozen, _init
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 CONTAINER = "container"
@@ -208,3 +213,65 @@ def _json_object_keys(raw: str) -> list[str] | None:
 
 def _untrusted(problem: str, source: str) -> KubeIdentity:
     return KubeIdentity("", "", "", "", UNKNOWN, source, problem)
+
+
+# --- the process's user, as the host sees it ---------------------------------------------------
+
+
+class Client(Frozen):
+    """Who the container's process is to the control daemon: its uid and groups as the host
+    sees them (through the spec's user namespace mappings). ``uid`` None: not known (a user
+    namespace joined by path, an id outside the mappings)."""
+
+    __slots__ = ("gids", "uid")
+    uid: int | None
+    gids: tuple[int, ...]
+
+    def __init__(self, uid: int | None, gids: tuple[int, ...] = ()) -> None:
+        _init(self, uid=uid, gids=tuple(gids))
+
+
+ROOT_CLIENT = Client(0, (0,))
+
+
+def client_of(spec: Mapping[str, Any]) -> Client:
+    """The container process's uid and groups as the host (and so the control daemon) sees
+    them: ``process.user`` mapped through ``linux.uidMappings``/``gidMappings`` when the spec
+    has a user namespace."""
+    process = _dict(spec.get("process"))
+    user = _dict(process.get("user"))
+    uid = _id(user.get("uid", 0))
+    extra = user.get("additionalGids")
+    gids = [_id(user.get("gid", 0)), *(_id(g) for g in (extra if isinstance(extra, list) else []))]
+    linux = _dict(spec.get("linux"))
+    spaces = linux.get("namespaces")
+    if any(isinstance(ns, dict) and ns.get("type") == "user" for ns in _list(spaces)):
+        uid = _mapped(uid, linux.get("uidMappings"))
+        gids = [_mapped(g, linux.get("gidMappings")) for g in gids]
+    return Client(uid, tuple(sorted({g for g in gids if g is not None})))
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _id(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _mapped(value: int | None, mappings: Any) -> int | None:
+    """An id inside a user namespace -> the host's (None: not mapped, or no mappings given)."""
+    if value is None:
+        return None
+    for m in _list(mappings):
+        inside, host, size = (_id(_dict(m).get(k)) for k in _MAP_KEYS)
+        if inside is not None and host is not None and size and inside <= value < inside + size:
+            return host + value - inside
+    return None
+
+
+_MAP_KEYS = ("containerID", "hostID", "size")

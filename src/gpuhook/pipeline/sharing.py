@@ -12,22 +12,27 @@ of each value (an annotation, or the configured share). The index in ``<index>=<
 device's position in the container's view: granted devices are sorted by GPU index, which is also
 the order of the group's ``CUDA_VISIBLE_DEVICES`` and so of the devices the MPS server exposes.
 
-Annotations may lower the configured share, never raise it; under ``mps.oversubscription:
-reject`` :func:`check_memory` refuses a container whose pinned limits would make the limits of
-the live containers on a GPU add up to more than its memory. Every refusal is one line.
+Annotations may lower the configured share, never raise it. They lower only the limits a
+container's processes start with (its env): an MPS client process may raise its own limits back
+up to the control daemon's defaults, which are the group's share, so each device's
+``reserved`` is the share (what the container's processes can actually take), whatever the
+annotation; a group without a share reserves nothing (no limit is enforced). MPS applies the
+limits per client *process*: ``reserved`` counts one per container. What is reserved on a GPU
+now, and the admission rule over it, is :mod:`gpuhook.mps.reservations`. Every refusal is one
+line.
 """
 
 from __future__ import annotations
 
 from gpuhook.config import GIB, MIB, parse_size
-from gpuhook.errors import ConfigError, RequestError, UsageError
+from gpuhook.errors import ConfigError, RequestError
 from gpuhook.model.decision import KIND_GPU
 from gpuhook.model.edits import Mount
 from gpuhook.model.frozen import Frozen, _init
+from gpuhook.pipeline.identity import ROOT_CLIENT, Client
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
     from typing import Any
 
     from gpuhook.config import MpsConfig
@@ -286,47 +291,21 @@ def resolve_groups(mps: MpsConfig, inventory: Inventory, source: str) -> tuple[G
     return tuple(sorted(groups, key=lambda g: g.gpus[0].index))
 
 
-def select_groups(groups: tuple[Group, ...], names: tuple[str, ...]) -> tuple[Group, ...]:
-    """The groups named on the command line by group name, GPU index or GPU UUID (all groups
-    when ``names`` is empty). Raises :class:`UsageError` for a name that is no shared GPU."""
-    if not names:
-        return groups
-    chosen: dict[str, Group] = {}
-    for name in names:
-        lowered = name.strip().lower()
-        match = next((g for g in groups if g.name.lower() == lowered), None)
-        if match is None:
-            match = next(
-                (
-                    g
-                    for g in groups
-                    for gpu in g.gpus
-                    if (lowered.isdigit() and gpu.index == int(lowered))
-                    or gpu.uuid.lower() == lowered
-                ),
-                None,
-            )
-        if match is None:
-            shared = ", ".join(f"{g.name} (GPU {g.indices})" for g in groups) or "none"
-            raise UsageError(f"{name!r} is not an MPS-shared GPU or share group (shared: {shared})")
-        chosen[match.name] = match
-    return tuple(g for g in groups if g.name in chosen)
-
-
 # --- what one container gets -------------------------------------------------------------------
 
 
 class MpsDevice(Frozen):
-    """One shared GPU of a container: its index in the container's view, and its pinned limit.
-    ``counted`` is False when the container has no limit on it (it then gets the whole GPU, and
-    is not counted by the oversubscription check)."""
+    """One shared GPU of a container: its index in the container's view, the pinned limit its
+    processes start with (``pinned``, the env), and what the container is admitted with
+    (``reserved``: the group's share, the daemon's default that a process may raise its own
+    limit up to; 0 when the group has no share: nothing is enforced, nothing reserved)."""
 
     __slots__ = (
         "container_index",
-        "counted",
         "gpu_index",
         "memory_total",
         "pinned",
+        "reserved",
         "source",
         "uuid",
     )
@@ -336,7 +315,7 @@ class MpsDevice(Frozen):
     memory_total: int
     pinned: int
     source: str
-    counted: bool
+    reserved: int
 
     def __init__(
         self,
@@ -346,7 +325,7 @@ class MpsDevice(Frozen):
         memory_total: int,
         pinned: int,
         source: str,
-        counted: bool,
+        reserved: int,
     ) -> None:
         _init(
             self,
@@ -356,14 +335,16 @@ class MpsDevice(Frozen):
             memory_total=memory_total,
             pinned=pinned,
             source=source,
-            counted=counted,
+            reserved=reserved,
         )
 
 
 class MpsPlan(Frozen):
-    """What an MPS client container gets: the group's pipe directory, and its limits."""
+    """What an MPS client container gets: the group's pipe directory, and its limits; and who
+    its process is (``client``: MPS starts a server per uid)."""
 
     __slots__ = (
+        "client",
         "devices",
         "group",
         "log_dir",
@@ -379,6 +360,7 @@ class MpsPlan(Frozen):
     percentage: int
     percentage_source: str
     devices: tuple[MpsDevice, ...]
+    client: Client
 
     def __init__(
         self,
@@ -389,6 +371,7 @@ class MpsPlan(Frozen):
         percentage: int,
         percentage_source: str,
         devices: tuple[MpsDevice, ...],
+        client: Client = ROOT_CLIENT,
     ) -> None:
         _init(
             self,
@@ -399,6 +382,7 @@ class MpsPlan(Frozen):
             percentage=percentage,
             percentage_source=percentage_source,
             devices=tuple(devices),
+            client=client,
         )
 
     @property
@@ -444,16 +428,30 @@ class MpsPlan(Frozen):
                     "bytes": d.pinned,
                     "limit": mps_size(d.pinned),
                     "source": d.source,
-                    "counted": d.counted,
+                    "reserved": d.reserved,
                 }
                 for d in self.devices
             ],
+            "client_uid": self.client.uid,
+            "per_process": PER_PROCESS,
             "env": list(self.env()),
         }
 
 
+PER_PROCESS = (
+    "MPS applies these limits to each CUDA process of the container (each is an MPS client): "
+    "two processes can each use them, and a process may raise its own limits up to the "
+    "daemon's defaults (the group's share); the container is reserved the share once"
+)
+
+
 def plan(
-    decision: Decision, inventory: Inventory, mps: MpsConfig, source: str, request: Request
+    decision: Decision,
+    inventory: Inventory,
+    mps: MpsConfig,
+    source: str,
+    request: Request,
+    client: Client = ROOT_CLIENT,
 ) -> MpsPlan | None:
     """The MPS plan for a decision; None when it grants no MPS-shared GPU or no ``compute``
     capability (a utility-only container, such as a GPU monitor, runs no CUDA). Raises
@@ -479,6 +477,7 @@ def plan(
         percentage if percentage is not None else 100,
         percentage_source if percentage is not None else "no share configured",
         tuple(devices),
+        client,
     )
 
 
@@ -536,15 +535,17 @@ def _percentage(group: Group, raw: str | None) -> tuple[int | None, str]:
 
 def _device(i: int, gpu: GroupGpu, share: Share, asked: int | None) -> MpsDevice:
     """The pinned memory limit of the container's device ``i``: the annotation's (at most the
-    share and the GPU's memory), else the share, else the whole GPU (not counted)."""
+    share and the GPU's memory), else the share, else the whole GPU. Reserved: the share
+    (0 without one), whatever the annotation."""
+    reserved = share.value or 0
     if asked is None:
         if share.value is not None:
             return MpsDevice(
-                i, gpu.index, gpu.uuid, gpu.memory_total, share.value, share.source, True
+                i, gpu.index, gpu.uuid, gpu.memory_total, share.value, share.source, reserved
             )
         whole = gpu.memory_total // MIB * MIB
         why = "no share configured (the whole GPU)"
-        return MpsDevice(i, gpu.index, gpu.uuid, gpu.memory_total, whole, why, False)
+        return MpsDevice(i, gpu.index, gpu.uuid, gpu.memory_total, whole, why, 0)
     value = asked // MIB * MIB
     if value > gpu.memory_total:
         raise RequestError(
@@ -558,7 +559,7 @@ def _device(i: int, gpu: GroupGpu, share: Share, asked: int | None) -> MpsDevice
             "an annotation may only lower it"
         )
     source = f"annotation {ANN_PINNED}"
-    return MpsDevice(i, gpu.index, gpu.uuid, gpu.memory_total, value, source, True)
+    return MpsDevice(i, gpu.index, gpu.uuid, gpu.memory_total, value, source, reserved)
 
 
 def _kind(display_id: str, kind: str) -> str:
@@ -592,23 +593,3 @@ def _pinned_annotation(raw: str | None, count: int) -> dict[int, int]:
         return out
     except ValueError as exc:
         raise RequestError(f"annotation {ANN_PINNED}: {exc}") from None
-
-
-def check_memory(
-    plan: MpsPlan, usage: Mapping[str, tuple[int, int]], oversubscription: str
-) -> None:
-    """Under ``reject``: refuse when this container's pinned limit plus those of the live
-    containers on the same GPU (``usage``: uuid -> (bytes, containers)) exceed its memory."""
-    if oversubscription != "reject":
-        return
-    for d in plan.devices:
-        if not d.counted:
-            continue
-        used, containers = usage.get(d.uuid, (0, 0))
-        if used + d.pinned > d.memory_total:
-            raise RequestError(
-                f"MPS pinned memory limits on GPU {d.gpu_index} would add up to "
-                f"{format_size(used + d.pinned)} of its {format_size(d.memory_total)} "
-                f"({format_size(d.pinned)} for this container, {format_size(used)} for "
-                f"{containers} live container(s)); mps.oversubscription is reject"
-            )

@@ -18,6 +18,7 @@ from gpuhook.fsutil import temp_base
 from gpuhook.model.frozen import Frozen, _init
 from gpuhook.records.ids import SUFFIX, link_id
 from gpuhook.records.lookup import (
+    DEFAULT_ROOTS,
     DELETED,
     UNREADABLE,
     created_at,
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
     StateProbe = Callable[[str, str, str], tuple[bool | None, str]]
 
 GC_GRACE_S = 60.0
-# Where a runtime keeps its containers' state when it is run without --root (as root).
-DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
 
 
 class GcItem:

@@ -31,6 +31,9 @@ UNREADABLE = "unreadable"
 # namespaces are the folders under /run/containerd/runc).
 ENGINE_ROOTS = ("/run/docker/runtime-runc/moby",)
 CONTAINERD_ROOTS = "/run/containerd/runc"
+# Where a runtime keeps its containers' state when it is run without --root (as root).
+DEFAULT_ROOTS = {"runc": "/run/runc", "crun": "/run/crun"}
+STATE_TIMEOUT_S = 10.0
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 
 
@@ -164,53 +167,6 @@ def find(config: Config, wanted: str) -> Entry:
     )
 
 
-def mps_usage(
-    config: Config, exclude_id: str, exclude_bundle: str = ""
-) -> dict[str, tuple[int, int]]:
-    """The MPS pinned memory limits of the live containers: GPU uuid -> (bytes, containers).
-
-    A container is live while its record link resolves: the engine removes the bundle (and the
-    record in it) when it deletes the container, which leaves the link dangling. Only limits
-    marked ``counted`` add up (a container with no limit on a GPU promised nothing). The
-    container being created (``exclude_id``, or the record in ``exclude_bundle`` for a dry run)
-    is left out, so it is not counted twice.
-    """
-    usage: dict[str, tuple[int, int]] = {}
-    try:
-        names = os.listdir(config.records_dir)
-    except OSError:
-        return usage
-    for name in names:
-        container_id = link_id(name)
-        if not container_id or container_id == exclude_id:
-            continue
-        entry = entry_of(config.records_dir, name)
-        if entry.record is None or (
-            exclude_bundle and os.path.dirname(entry.target) == exclude_bundle
-        ):
-            continue  # deleted (a dangling link), unreadable, or the dry run's own
-        for uuid, size in _counted_limits(entry.record):
-            used, count = usage.get(uuid, (0, 0))
-            usage[uuid] = (used + size, count + 1)
-    return usage
-
-
-def _counted_limits(record: dict[str, Any]) -> list[tuple[str, int]]:
-    """A record's counted MPS pinned memory limits: (GPU uuid, bytes) each."""
-    mps = record.get("mps")
-    entries = mps.get("pinned_memory_limits") if isinstance(mps, dict) else None
-    if not isinstance(entries, list):
-        return []
-    out = []
-    for entry in entries:
-        if not isinstance(entry, dict) or entry.get("counted") is not True:
-            continue
-        uuid, size = entry.get("uuid"), entry.get("bytes")
-        if isinstance(uuid, str) and isinstance(size, int) and size > 0:
-            out.append((uuid, size))
-    return out
-
-
 def candidate_roots(extra: tuple[str, ...] = ()) -> list[str]:
     """The runtime state folders to ask about a container without a record: ``extra`` (the
     CLI's --root), docker's, containerd's namespaces, then the runtime's default ("")."""
@@ -223,18 +179,42 @@ def candidate_roots(extra: tuple[str, ...] = ()) -> list[str]:
 
 
 def query_state(runtime: str, root: str, container_id: str) -> tuple[int, bytes]:
-    """Run ``<runtime> [--root ROOT] state ID``: its exit status and stdout. OSError when it
-    cannot run or does not answer within 10 s (then the message names the command)."""
-    import subprocess
+    """Run ``<runtime> [--root ROOT] state ID``: its exit status and stdout (stderr dropped).
+    OSError when it cannot run or does not answer within 10 s (then the message names the
+    command). No subprocess module: MPS admission calls it on the create path."""
+    import select
+    import signal
+    import time
 
     argv = [runtime, *(["--root", root] if root else []), "state", container_id]
+    out_r, out_w = os.pipe()
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_DUP2, out_w, 1),
+        (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
+    ]
     try:
-        proc = subprocess.run(
-            argv, capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise OSError(f"{' '.join(argv)}: {exc}") from None
-    return proc.returncode, proc.stdout
+        try:
+            pid = os.posix_spawn(runtime, argv, os.environ, file_actions=actions)
+        finally:
+            os.close(out_w)
+        chunks = []
+        deadline = time.monotonic() + STATE_TIMEOUT_S
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([out_r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise TimeoutError(f"no answer within {STATE_TIMEOUT_S:.0f}s")
+            data = os.read(out_r, 65536)
+            if not data:
+                break
+            chunks.append(data)
+    except OSError as exc:
+        raise OSError(f"{' '.join(argv)}: {exc.strerror or exc}") from None
+    finally:
+        os.close(out_r)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), b"".join(chunks)
 
 
 def unrecorded(runtime: str, roots: list[str], container_id: str) -> dict[str, Any] | None:

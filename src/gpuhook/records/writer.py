@@ -38,13 +38,15 @@ def build(
     runtime: str = "",
     root: str = "",
     config: str = "",
+    creator: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The record (its JSON Schema: ``schemas/record.schema.json``).
 
     ``decided``: the outcome of a decided create, or the parsed request of a spec that carries
     a GPU marker but no GPU request (nothing was decided). ``runtime`` and ``root`` are the
     low-level runtime and its ``--root`` (its state folder, "" for its default); ``config`` the
-    gpuhook config file that decided.
+    gpuhook config file that decided; ``creator`` the process that runs the runtime's create
+    (pid and start time), which MPS admission counts as a live container until it exits.
     """
     from gpuhook.model.decision import Request
 
@@ -57,6 +59,8 @@ def build(
         "config": config,
         "runtime": {"path": runtime, "root": root},
     }
+    if creator is not None:
+        record["runtime"]["creator"] = creator
     record.update(_undecided(decided) if isinstance(decided, Request) else decided_view(decided))
     return record
 

@@ -2,17 +2,16 @@
 
 :func:`gpuhook.pipeline.flow.run` is pure apart from the sources it is given. Here are the ones a
 real create (and ``gpuhook inspect spec``) uses: the inventory file (refreshed lazily when
-missing or stale), the kubelet's device checkpoint, the MPS control daemon's pid file, the
-decision records' MPS usage and the image's CUDA forward compatibility libraries (read inside
-its rootfs without following its links out of it). Each is imported only when the decision asks
-for it.
+missing or stale), the kubelet's device checkpoint, the MPS control daemon's pid file, MPS
+admission (:mod:`gpuhook.mps.admission`) and the image's CUDA forward compatibility libraries
+(read inside its rootfs without following its links out of it). Each is imported only when the
+decision asks for it.
 """
 
 from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
     from typing import Any
 
     from gpuhook.config import Config
@@ -23,11 +22,12 @@ if TYPE_CHECKING:
         CheckpointSource,
         CompatSource,
         InventorySource,
+        MpsAdmit,
         MpsProbe,
-        MpsUsageSource,
         Outcome,
     )
     from gpuhook.pipeline.kubelet import Allocation
+    from gpuhook.pipeline.sharing import MpsPlan
 
 
 def rootfs_of(bundle: str, spec: dict[str, Any]) -> str:
@@ -73,17 +73,17 @@ def mps_probe(pipe_dir: str) -> int | None:
     return daemons.control_pid(pipe_dir)
 
 
-def mps_usage_of(config: Config, exclude_bundle: str = "") -> MpsUsageSource:
-    """The pinned memory limits of the live MPS containers (from their decision records), leaving
-    out the bundle of a dry run over a live container (the shim's own source,
-    ``shim._MpsUsage``, leaves out the container being created by id)."""
+def read_only_admission(config: Config, exclude_bundle: str = "") -> MpsAdmit:
+    """MPS admission read-only, as ``gpuhook inspect spec`` runs it (no lock), leaving out the
+    bundle of a dry run over a live container (the shim admits under the accounting lock:
+    ``shim._ledger``)."""
 
-    def usage() -> Mapping[str, tuple[int, int]]:
-        from gpuhook.records import lookup
+    def admit(plan: MpsPlan) -> None:
+        from gpuhook.mps import admission
 
-        return lookup.mps_usage(config, "", exclude_bundle)
+        admission.Ledger(config, exclude_bundle=exclude_bundle, locked=False)(plan)
 
-    return usage
+    return admit
 
 
 def run(
@@ -95,7 +95,7 @@ def run(
     inventory_source: InventorySource = inventory,
     checkpoint_source: CheckpointSource = checkpoint,
     mps_probe: MpsProbe = mps_probe,
-    mps_usage_source: MpsUsageSource | None = None,
+    mps_admit: MpsAdmit | None = None,
     parsed: Request | None = None,
     compat_source: CompatSource = compat_library,
 ) -> Outcome:
@@ -109,7 +109,7 @@ def run(
         inventory_source=inventory_source,
         checkpoint_source=checkpoint_source,
         mps_probe=mps_probe,
-        mps_usage_source=mps_usage_source or mps_usage_of(config),
+        mps_admit=mps_admit or read_only_admission(config),
         rootfs=rootfs if rootfs is not None else rootfs_of(bundle, spec) if bundle else "",
         parsed=parsed,
         compat_source=compat_source,

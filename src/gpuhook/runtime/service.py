@@ -460,20 +460,20 @@ def _handle(conn: socket.socket, accepted: float) -> None:
     if not data and not fds:
         return  # closed before any request: a probe
     try:
-        request, umask = _admit(conn, data, fds, flags, accepted)
+        request, umask, caller = _admit(conn, data, fds, flags, accepted)
     except Exception as exc:  # nothing done yet: the dispatcher runs Python itself
         for fd in fds:
             os.close(fd)
         reason = str(exc) if isinstance(exc, Declined) else f"the service failed: {exc!r}"
         _decline(conn, reason)
         return
-    _run(conn, request, fds, umask)
+    _run(conn, request, fds, umask, caller)
 
 
 def _admit(
     conn: socket.socket, data: bytes, fds: list[int], flags: int, accepted: float
-) -> tuple[Request, int]:
-    """The request and the caller's umask, or :class:`Declined`."""
+) -> tuple[Request, int, int]:
+    """The request, the caller's umask and its pid, or :class:`Declined`."""
     import socket
     import stat
 
@@ -483,14 +483,14 @@ def _admit(
         more = " or more" if flags & socket.MSG_CTRUNC else ""
         raise Declined(f"{len(fds)}{more} descriptors passed, not {FDS}")
     request = decode_request(data)
-    umask = _peer(conn, accepted)
+    umask, caller = _peer(conn, accepted)
     if not stat.S_ISDIR(os.fstat(fds[3]).st_mode):
         raise Declined("the fourth descriptor is not a folder")
-    return request, umask
+    return request, umask, caller
 
 
-def _peer(conn: socket.socket, accepted: float) -> int:
-    """Check the connecting process; return its umask. SO_PEERCRED names it as it connected;
+def _peer(conn: socket.socket, accepted: float) -> tuple[int, int]:
+    """Check the connecting process; return its umask and pid. SO_PEERCRED names it as it connected;
     a process with that pid started after the connection was accepted is another one."""
     import socket
     import struct
@@ -513,7 +513,7 @@ def _peer(conn: socket.socket, accepted: float) -> int:
     umask = _confinement(pid)
     if _start_time(pid) != started:
         raise Declined(f"the caller (pid {pid}) exited during the checks")
-    return umask
+    return umask, pid
 
 
 _NAMESPACES = ("mnt", "pid", "user")
@@ -576,8 +576,9 @@ def _confinement(pid: int) -> int:
     return umask
 
 
-def _run(conn: socket.socket, request: Request, fds: list[int], umask: int) -> None:
-    """Run the shim in the caller's context; reply EXEC (from the executor) or EXIT."""
+def _run(conn: socket.socket, request: Request, fds: list[int], umask: int, caller: int) -> None:
+    """Run the shim in the caller's context (``caller``: its pid, which runs the runtime);
+    reply EXEC (from the executor) or EXIT."""
     try:
         argv = _adopt(request, fds, umask)
     except Exception as exc:  # nothing of the shim ran: the dispatcher may run Python itself
@@ -586,7 +587,7 @@ def _run(conn: socket.socket, request: Request, fds: list[int], umask: int) -> N
     from gpuhook.runtime import shim
 
     try:
-        code = shim.main(argv, _executor(conn, argv))
+        code = shim.main(argv, _executor(conn, argv), caller)
     except BaseException as exc:
         code = _internal_error(exc)
     _flush()

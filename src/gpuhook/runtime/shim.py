@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
     from gpuhook.config import Config
-    from gpuhook.fsutil import FileLock
     from gpuhook.model.decision import Request
     from gpuhook.pipeline.flow import Outcome
     from gpuhook.runtime.runc_argv import RuntimeArgs
@@ -44,13 +43,14 @@ PROG = "gpuhook-runtime"
 NOTE = "no GPU marker in config.json (the spec was not parsed)"
 
 
-def main(argv: list[str], execute: Execute | None = None) -> int:
+def main(argv: list[str], execute: Execute | None = None, caller: int = 0) -> int:
     """Run one call (``argv[0]`` is not used); returns an exit code when it does not exec the
-    runtime. ``execute`` replaces :func:`os.execv` for the runtime's exec."""
+    runtime. ``execute`` replaces :func:`os.execv` for the runtime's exec; ``caller``: the pid
+    of the process that will run the runtime (this one when 0)."""
     args = runc_argv.parse(argv[1:])
     how = runc_argv.route(args, argv[1:])
     if how == runc_argv.CREATE:
-        return _create(argv, args, execute)
+        return _create(argv, args, execute, caller or os.getpid())
     if how == runc_argv.REFUSE:
         return _fail(args, UsageError(_unplaced(args)))
     config = _config_or_none()
@@ -161,7 +161,7 @@ def _exec_configured(
     return _exec(runtime, argv, args, execute)
 
 
-def _create(argv: list[str], args: RuntimeArgs, execute: Execute | None) -> int:
+def _create(argv: list[str], args: RuntimeArgs, execute: Execute | None, caller: int) -> int:
     """A spec without any GPU marker is passed through with no record (as the dispatcher
     does); anything else gets the full decision."""
     from gpuhook import markers
@@ -173,7 +173,7 @@ def _create(argv: list[str], args: RuntimeArgs, execute: Execute | None) -> int:
     except SpecError as exc:
         return _fail(args, exc)
     if markers.may_request_gpu(raw):
-        return _create_full(argv, args, bundle, raw, execute)
+        return _create_full(argv, args, bundle, raw, execute, caller)
     config = _config_or_none()
     if config is not None:
         _forget_exec_env(config, args)
@@ -190,7 +190,12 @@ def _forget_exec_env(config: Config, args: RuntimeArgs) -> None:
 
 
 def _create_full(
-    argv: list[str], args: RuntimeArgs, bundle: str, raw: bytes, execute: Execute | None
+    argv: list[str],
+    args: RuntimeArgs,
+    bundle: str,
+    raw: bytes,
+    execute: Execute | None,
+    caller: int,
 ) -> int:
     from gpuhook import config as config_mod
     from gpuhook.pipeline import request
@@ -220,7 +225,7 @@ def _create_full(
             if unwritten:
                 _logger(args, bundle).warning("record not written", error=unwritten)
         return _exec_configured(config, argv, args, execute)
-    return _decide(argv, args, bundle, spec, config, req, execute)
+    return _decide(argv, args, bundle, spec, config, req, execute, caller)
 
 
 def _logger(args: RuntimeArgs, bundle: str) -> Any:
@@ -237,6 +242,7 @@ def _decide(
     config: Config,
     req: Request,
     execute: Execute | None,
+    caller: int,
 ) -> int:
     """A GPU request: decide, rewrite the spec, write the record and the exec-env marker."""
     from gpuhook.records import execenv
@@ -244,10 +250,11 @@ def _decide(
 
     logger = _logger(args, bundle)
     env_before = (spec.get("process") or {}).get("env")
-    usage = _MpsUsage(config, args.container_id)
+    ledger = _ledger(config, args.container_id)
+    admit = ledger or decide.read_only_admission(config)  # MPS off: never called
     try:
         try:
-            outcome = decide.run(spec, config, bundle=bundle, mps_usage_source=usage, parsed=req)
+            outcome = decide.run(spec, config, bundle=bundle, mps_admit=admit, parsed=req)
             if outcome.changed:
                 ocispec.write(bundle, outcome.spec)
         except GpuhookError as exc:
@@ -256,9 +263,10 @@ def _decide(
         except Exception as exc:  # a bug: fail closed for a GPU request, with one line
             logger.error("internal error", error=repr(exc))
             return _fail(args, exc)
-        failure = _record(config, args, bundle, outcome)
+        failure = _record(config, args, bundle, outcome, caller)
     finally:
-        usage.release()  # after the record: the next MPS create counts this container
+        if ledger is not None:
+            ledger.release()  # after the record: the next MPS create counts this container
     env_after = (outcome.spec.get("process") or {}).get("env")
     marker_failure = execenv.remember(
         config.state_dir, args.container_id, args.root, env_before, env_after
@@ -289,39 +297,14 @@ def _log_decision(logger: Any, outcome: Outcome) -> None:
     )
 
 
-class _MpsUsage:
-    """The pinned memory limits of the live MPS containers, read under a lock that is held until
-    this container's record is written, so that two creates cannot both take the last share.
-    Only an MPS create under ``mps.oversubscription: reject`` ever calls it."""
+def _ledger(config: Config, container_id: str) -> Any:
+    """MPS admission under the accounting lock (:class:`gpuhook.mps.admission.Ledger`), held
+    until this container's record is written; None when no GPU is MPS-shared."""
+    if not config.mps.enabled:
+        return None
+    from gpuhook.mps import admission
 
-    def __init__(self, config: Config, container_id: str) -> None:
-        self.config = config
-        self.container_id = container_id
-        self.lock: FileLock | None = None
-
-    def __call__(self) -> dict[str, tuple[int, int]]:
-        from gpuhook.errors import MpsError
-        from gpuhook.fsutil import FileLock
-        from gpuhook.records import lookup
-
-        if self.lock is None:
-            lock = FileLock(os.path.join(self.config.state_dir, "mps-usage.lock"), timeout=30.0)
-            try:
-                lock.__enter__()
-            except TimeoutError:
-                raise MpsError(
-                    f"timed out waiting for the MPS accounting lock {lock.path}"
-                ) from None
-            except OSError as exc:
-                raise MpsError(f"cannot lock {lock.path}: {exc.strerror}") from None
-            self.lock = lock
-        return lookup.mps_usage(self.config, self.container_id)
-
-    def release(self) -> None:
-        lock = self.lock
-        if lock is not None:
-            self.lock = None
-            lock.__exit__(None, None, None)
+    return admission.Ledger(config, container_id)
 
 
 def _configure_log(config: Config) -> None:
@@ -330,12 +313,24 @@ def _configure_log(config: Config) -> None:
     log.configure(config.log_level, config.log_file)
 
 
-def _record(config: Config, args: RuntimeArgs, bundle: str, decided: Outcome | Request) -> str:
+def _record(
+    config: Config,
+    args: RuntimeArgs,
+    bundle: str,
+    decided: Outcome | Request,
+    caller: int = 0,
+) -> str:
     """Write the decision record of an outcome, or of a request for no GPU; "" on success, else
-    the one-line failure (never raises: a record must never block a container)."""
+    the one-line failure (never raises: a record must never block a container). An MPS client's
+    record names the process that runs the runtime's create (``caller``)."""
     from gpuhook.records import writer
 
     try:
+        creator = None
+        if caller and getattr(decided, "mps", None) is not None:
+            from gpuhook.mps import admission
+
+            creator = admission.creator(caller)
         record = writer.build(
             args.container_id,
             bundle,
@@ -343,6 +338,7 @@ def _record(config: Config, args: RuntimeArgs, bundle: str, decided: Outcome | R
             runtime=config.runtime,
             root=args.root,
             config=config.source,
+            creator=creator,
         )
         return writer.write(config, args.container_id, bundle, record)
     except Exception as exc:
