@@ -192,52 +192,8 @@ def docker_run(dockerd: engines.Dockerd, host: Host, *args: str) -> list[str]:
 
 def missing_capabilities() -> list[str]:
     """Capabilities this process's bounding set lacks (docker names), of the first 41."""
-    names = [
-        "CHOWN",
-        "DAC_OVERRIDE",
-        "DAC_READ_SEARCH",
-        "FOWNER",
-        "FSETID",
-        "KILL",
-        "SETGID",
-        "SETUID",
-        "SETPCAP",
-        "LINUX_IMMUTABLE",
-        "NET_BIND_SERVICE",
-        "NET_BROADCAST",
-        "NET_ADMIN",
-        "NET_RAW",
-        "IPC_LOCK",
-        "IPC_OWNER",
-        "SYS_MODULE",
-        "SYS_RAWIO",
-        "SYS_CHROOT",
-        "SYS_PTRACE",
-        "SYS_PACCT",
-        "SYS_ADMIN",
-        "SYS_BOOT",
-        "SYS_NICE",
-        "SYS_RESOURCE",
-        "SYS_TIME",
-        "SYS_TTY_CONFIG",
-        "MKNOD",
-        "LEASE",
-        "AUDIT_WRITE",
-        "AUDIT_CONTROL",
-        "SETFCAP",
-        "MAC_OVERRIDE",
-        "MAC_ADMIN",
-        "SYSLOG",
-        "WAKE_ALARM",
-        "BLOCK_SUSPEND",
-        "AUDIT_READ",
-        "PERFMON",
-        "BPF",
-        "CHECKPOINT_RESTORE",
-    ]
-    line = [x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("CapBnd")]
-    bounding = int(line[0].split()[1], 16)
-    return [name for bit, name in enumerate(names) if not bounding >> bit & 1]
+    have = set(testbed.host_capabilities())
+    return [name for name in testbed.CAPABILITIES if f"CAP_{name}" not in have]
 
 
 def tag() -> str:
