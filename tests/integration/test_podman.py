@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import uuid as uuidlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,26 @@ def podman(
         shutil.rmtree(p.folder, ignore_errors=True)
 
 
+@contextmanager
+def gpuhook_as_runtime(podman: Podman, node: FakeNode, env: dict[str, str]) -> Iterator[str]:
+    """podman with gpuhook-runtime registered as its default runtime (`gpuhook runtime configure`)
+    and ``env``'s gpuhook config; yields configure's output. Afterwards the module's conf again."""
+    podman.write_conf(env["GPUHOOK_CONFIG"])
+    out = node.gpuhook(
+        "runtime", "configure", "--runtime", "podman", "--set-as-default",
+        "--config", str(podman.conf), "--runtime-path", testbed.RUNTIME,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    try:
+        yield out.stdout
+    finally:
+        out = node.gpuhook(
+            "runtime", "unconfigure", "--runtime", "podman", "--config", str(podman.conf)
+        )
+        podman.write_conf(node.env["GPUHOOK_CONFIG"])  # the module's conf, as the fixture wrote it
+        assert out.returncode == 0, out.stderr
+
+
 def record(node: FakeNode, env: dict[str, str], container_id: str) -> dict[str, Any]:
     out = node.gpuhook("inspect", "container", container_id, "-o", "json", env=env)
     assert out.returncode == 0, out.stderr
@@ -161,14 +182,8 @@ def test_gpuhook_as_podmans_runtime_closes_the_leak_and_honours_cdi(
     podman: Podman, node: FakeNode, tmp_path: Path
 ) -> None:
     env = node.variant(tmp_path, policy={"standalone": {"env_requests": "ignore"}})
-    podman.write_conf(env["GPUHOOK_CONFIG"])
-    out = node.gpuhook(
-        "runtime", "configure", "--runtime", "podman", "--set-as-default",
-        "--config", str(podman.conf), "--runtime-path", testbed.RUNTIME,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    assert "nothing to restart" in out.stdout
-    try:
+    with gpuhook_as_runtime(podman, node, env) as configured:
+        assert "nothing to restart" in configured
         leak = podman.run(image=IMAGE_ALL)
         assert leak["returncode"] == 0, leak["stderr"]
         assert leak["dev"] == [] and leak["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"
@@ -185,12 +200,6 @@ def test_gpuhook_as_podmans_runtime_closes_the_leak_and_honours_cdi(
         assert rec["edits"]["engineInjected"] == [uuid1]
         assert rec["edits"]["deviceNodes"] == [] and rec["edits"]["hooks"] == []
         assert rec["edits"]["mounts"] == []
-    finally:
-        out = node.gpuhook(
-            "runtime", "unconfigure", "--runtime", "podman", "--config", str(podman.conf)
-        )
-        podman.write_conf(node.env["GPUHOOK_CONFIG"])  # the module's conf, as the fixture wrote it
-        assert out.returncode == 0, out.stderr
 
 
 def test_a_podman_pod_container_is_no_cri_o_sandbox(
@@ -200,27 +209,17 @@ def test_a_podman_pod_container_is_no_cri_o_sandbox(
     into the spec. Before, gpuhook took it for a CRI-O container of unknown identity and
     refused it as a pod sandbox: no GPU under standalone.env_requests: trust."""
     env = node.variant(tmp_path, policy={"standalone": {"env_requests": "trust"}})
-    podman.write_conf(env["GPUHOOK_CONFIG"])
-    out = node.gpuhook(
-        "runtime", "configure", "--runtime", "podman", "--set-as-default",
-        "--config", str(podman.conf), "--runtime-path", testbed.RUNTIME,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
     pod = f"gh-pod-{uuidlib.uuid4().hex[:8]}"
-    try:
+    with gpuhook_as_runtime(podman, node, env):
         podman("pod", "create", "--name", pod, "--infra-image", IMAGE_PAUSE, check=True)
-        seen = podman.run("--pod", pod, "-e", "NVIDIA_VISIBLE_DEVICES=0")
-        assert seen["returncode"] == 0, seen["stderr"]
-        assert seen["dev"] == gpus("/dev/nvidia0")
-        rec = record(node, env, seen["id"])
-        assert rec["kubernetes"] is None and rec["decision"]["channel"] == "env"
-        spec = json.loads(Path(rec["bundle"], "config.json").read_text())
-        assert spec["annotations"]["io.kubernetes.cri-o.ContainerType"] == "container"
-        assert "io.kubernetes.cri-o.SandboxID" in spec["annotations"]
-    finally:
-        podman("pod", "rm", "-f", pod)
-        out = node.gpuhook(
-            "runtime", "unconfigure", "--runtime", "podman", "--config", str(podman.conf)
-        )
-        podman.write_conf(node.env["GPUHOOK_CONFIG"])
-        assert out.returncode == 0, out.stderr
+        try:
+            seen = podman.run("--pod", pod, "-e", "NVIDIA_VISIBLE_DEVICES=0")
+            assert seen["returncode"] == 0, seen["stderr"]
+            assert seen["dev"] == gpus("/dev/nvidia0")
+            rec = record(node, env, seen["id"])
+            assert rec["kubernetes"] is None and rec["decision"]["channel"] == "env"
+            spec = json.loads(Path(rec["bundle"], "config.json").read_text())
+            assert spec["annotations"]["io.kubernetes.cri-o.ContainerType"] == "container"
+            assert "io.kubernetes.cri-o.SandboxID" in spec["annotations"]
+        finally:
+            podman("pod", "rm", "-f", pod)
