@@ -68,6 +68,19 @@ class Cluster:
     def gpuhook(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.node.gpuhook(*args, env=self.env)
 
+    @contextmanager
+    def configured(self, **sections: Any) -> Iterator[None]:
+        """gpuhook's config with ``sections`` merged in, for the block (the runtime reads it
+        at each create; replaced atomically both ways)."""
+        original = self.config.read_text()
+        data = yaml.safe_load(original)
+        _deep_update(data, sections)
+        replace(self.config, yaml.safe_dump(data))
+        try:
+            yield
+        finally:
+            replace(self.config, original)
+
     @property
     def k(self) -> Kubelet:
         assert self.kubelet is not None
@@ -133,15 +146,16 @@ class Cluster:
         return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
     def checkpoint(self, pod: Pod) -> list[dict[str, Any]]:
-        """The kubelet's checkpoint entries of the pod."""
+        """The kubelet's checkpoint entries of the pod (PodDeviceEntries is null until the
+        first allocation)."""
         doc = json.loads(CHECKPOINT.read_text())
         uid = self.k.pod_uid(pod)
-        return [e for e in doc["Data"]["PodDeviceEntries"] if e["PodUID"] == uid]
+        return [e for e in doc["Data"]["PodDeviceEntries"] or () if e["PodUID"] == uid]
 
-    def explain(self, pod: Pod) -> str:
-        out = self.gpuhook("inspect", "pod", pod.ref, "--output", "table")
-        assert out.returncode == 0, out.stderr
-        return out.stdout
+    def explain(self, pod: Pod) -> subprocess.CompletedProcess[str]:
+        """`gpuhook inspect pod` as a table (its records are in the bundles of the pod's live
+        containers, so ask while they run; the tests read it after what the containers saw)."""
+        return self.gpuhook("inspect", "pod", pod.ref, "--output", "table")
 
     def records(self, pod: Pod) -> list[dict[str, Any]]:
         out = self.gpuhook("inspect", "pod", pod.ref, "--output", "json")
@@ -151,6 +165,12 @@ class Cluster:
 
     def allocations(self, resource: str) -> list[deviceplugin.Allocated]:
         return self.plugins[resource].allocations()
+
+
+def replace(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def write_config(cluster: Cluster) -> None:
@@ -165,7 +185,7 @@ def write_config(cluster: Cluster) -> None:
             "mps": {"root": str(cluster.root / "mps"), "gpus": [MPS_GPU], "replicas": 2},
         },
     )
-    cluster.config.write_text(yaml.safe_dump(data))
+    replace(cluster.config, yaml.safe_dump(data))
     out = cluster.gpuhook("inventory", "refresh")
     assert out.returncode == 0, out.stderr
 
@@ -229,13 +249,15 @@ def stop(cluster: Cluster) -> list[str]:
     if state.exists():  # containers of a failed test: their init processes, by runc's record
         for cid in os.listdir(state):
             subprocess.run(["runc", "--root", str(state), "delete", "-f", cid], check=False)
+            left.append(f"container {cid} (deleted)")
     if cluster.daemon is not None:
         cluster.daemon.stop()
         left += [f"containerd shim {pid} (killed)" for pid in kill_shims(cluster.daemon.socket)]
     for pid in mps_daemons_under(cluster.root):
         os.kill(pid, 9)
         left.append(f"MPS daemon {pid} (killed)")
-    for proc in (cluster.kubelet and cluster.kubelet.proc, cluster.daemon and cluster.daemon.proc):
+    procs = [d.proc for d in (cluster.kubelet, cluster.daemon) if d is not None]
+    for proc in procs:
         if proc is not None and proc.poll() is None:
             left.append(f"pid {proc.pid} still runs")
     return left

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import subprocess
 from typing import Any
 
 import pytest
@@ -28,9 +29,10 @@ PCT = "gpuhook.io/mps-active-thread-percentage"
 MIB = 1 << 20
 
 
-def rows(table: str) -> dict[str, dict[str, str]]:
+def rows(explained: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
     """`gpuhook inspect pod -o table`, per container name (a restarted container's last row)."""
-    lines = table.splitlines()
+    assert explained.returncode == 0, explained.stderr
+    lines = explained.stdout.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("CONTAINER "))
     names = lines[head].split()
     out = {}
@@ -53,7 +55,7 @@ def allocated(cluster: Cluster, pod: Pod, container: str = "main") -> dict[str, 
 
 def index_of(cluster: Cluster, device_id: str) -> int:
     uuid = device_id.partition("::")[0]
-    return next(g["index"] for g in cluster.node.truth["gpus"] if g["uuid"] == uuid)
+    return next(int(g["index"]) for g in cluster.node.truth["gpus"] if g["uuid"] == uuid)
 
 
 # --- an allocation, in each of the device plugin's strategies -------------------------------------
@@ -78,7 +80,7 @@ def test_an_allocated_gpu_is_all_that_image_env_all_sees(
     with cluster.running(pod):
         seen = cluster.k.probe(pod)
         entry = allocated(cluster, pod)
-        explained = rows(cluster.explain(pod))
+        explained = cluster.explain(pod)
     (device,) = entry["ids"]
     index = index_of(cluster, device)
     uuid = cluster.uuid(index)
@@ -90,11 +92,12 @@ def test_an_allocated_gpu_is_all_that_image_env_all_sees(
         f"GPU 0: {cluster.node.truth['gpus'][index]['name']} (UUID: {uuid})",
         "rc=0",
     ]
-    assert explained["main"]["ASKED"].startswith(asked.format(uuid=uuid)[:45])
-    assert explained["main"]["GOT"] == f"granted {index}"
-    assert explained["main"]["WHY"].startswith(f"devices {index}: verified against the kubelet")
-    assert explained["sandbox"]["GOT"] == "refused"
-    assert explained["sandbox"]["WHY"] == "a pod sandbox never gets GPUs"
+    table = rows(explained)
+    assert table["main"]["ASKED"].startswith(asked.format(uuid=uuid)[:45])
+    assert table["main"]["GOT"] == f"granted {index}"
+    assert table["main"]["WHY"].startswith(f"devices {index}: verified against the kubelet")
+    assert table["sandbox"]["GOT"] == "refused"
+    assert table["sandbox"]["WHY"] == "a pod sandbox never gets GPUs"
 
 
 def test_time_sliced_replicas_name_their_gpu(cluster: Cluster) -> None:
@@ -119,12 +122,23 @@ def test_no_request_and_image_env_all_sees_no_gpu(cluster: Cluster) -> None:
     with cluster.running(pod):
         seen = cluster.k.probe(pod)
         entries = cluster.checkpoint(pod)
-        explained = rows(cluster.explain(pod))
+        explained = cluster.explain(pod)
     assert entries == []
     assert seen["dev"] == []
     assert seen["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"
-    assert explained["main"]["GOT"] == "refused"
-    assert explained["main"]["WHY"].startswith("no GPU resource is allocated to pod default/")
+    table = rows(explained)
+    assert table["main"]["GOT"] == "refused"
+    assert table["main"]["WHY"].startswith(f"no GPU resource is allocated to pod {pod.ref}")
+
+
+def test_the_leak_is_there_under_the_stock_policy(cluster: Cluster) -> None:
+    """Control: under ``policy.kubernetes.env_requests: trust`` (what NVIDIA's runtime does
+    with an image's env) the same pod sees every GPU, so the test above would see the leak."""
+    with cluster.configured(policy={"kubernetes": {"env_requests": "trust"}}, mps={"gpus": []}):
+        pod = Pod("no-request-trusted")
+        with cluster.running(pod):
+            seen = cluster.k.probe(pod)
+    assert seen["dev"] == gpus(*range(8))
 
 
 def test_two_pods_get_disjoint_gpus(cluster: Cluster) -> None:
@@ -133,11 +147,11 @@ def test_two_pods_get_disjoint_gpus(cluster: Cluster) -> None:
     with cluster.running(a, b):
         seen = {p.name: cluster.k.probe(p) for p in (a, b)}
         index = {p.name: index_of(cluster, allocated(cluster, p)["ids"][0]) for p in (a, b)}
-        explained = {p.name: rows(cluster.explain(p)) for p in (a, b)}
+        explained = {p.name: cluster.explain(p) for p in (a, b)}
     assert sorted(index.values()) == [0, 1]
     for name, i in index.items():
         assert seen[name]["dev"] == gpus(i)
-        assert explained[name]["main"]["GOT"] == f"granted {i}"
+        assert rows(explained[name])["main"]["GOT"] == f"granted {i}"
 
 
 # --- init containers, restarts -------------------------------------------------------------------
@@ -163,7 +177,7 @@ def test_an_init_container_gets_no_gpu_unless_it_asked(cluster: Cluster) -> None
     with cluster.running(pod):
         for name in ("plain", "asks", "main"):
             seen[name] = cluster.k.probe(pod, name)
-            explained[name] = rows(cluster.explain(pod))[name]
+            explained[name] = cluster.explain(pod)
             if name != "main":
                 (cluster.k.empty_dir(pod, "hold") / name).touch()
         ids = {c: allocated(cluster, pod, c)["ids"] for c in ("asks", "main")}
@@ -174,10 +188,11 @@ def test_an_init_container_gets_no_gpu_unless_it_asked(cluster: Cluster) -> None
     assert seen["asks"]["dev"] == gpus(asks)
     assert seen["main"]["dev"] == gpus(main)
     assert ids["main"] == ids["asks"]  # the kubelet gives an init container's devices again
-    assert explained["plain"]["GOT"] == "refused"
-    assert explained["plain"]["WHY"].startswith(f"no GPU resource is allocated to pod {pod.ref}")
-    assert explained["asks"]["GOT"] == f"granted {asks}"
-    assert explained["main"]["GOT"] == f"granted {main}"
+    table = {name: rows(out)[name] for name, out in explained.items()}
+    assert table["plain"]["GOT"] == "refused"
+    assert table["plain"]["WHY"].startswith(f"no GPU resource is allocated to pod {pod.ref}")
+    assert table["asks"]["GOT"] == f"granted {asks}"
+    assert table["main"]["GOT"] == f"granted {main}"
 
 
 def test_a_restarted_container_gets_the_same_gpu(cluster: Cluster) -> None:
@@ -197,11 +212,12 @@ def test_a_restarted_container_gets_the_same_gpu(cluster: Cluster) -> None:
         second = cluster.k.probe(pod, attempt=1)
         index = index_of(cluster, allocated(cluster, pod)["ids"][0])
         running = cluster.container_id(pod)
-        explained = rows(cluster.explain(pod))
+        explained = cluster.explain(pod)
     assert first["dev"] == second["dev"] == gpus(index)
     assert len(cluster.allocations(GPU)) == calls + 1
-    assert explained["main"]["ID"] == running[:12]
-    assert explained["main"]["GOT"] == f"granted {index}"
+    table = rows(explained)
+    assert table["main"]["ID"] == running[:12]
+    assert table["main"]["GOT"] == f"granted {index}"
 
 
 # --- MPS -----------------------------------------------------------------------------------------
@@ -217,7 +233,7 @@ def test_an_mps_pod_and_a_process_exec_started_in_it_get_the_limits(cluster: Clu
         seen = cluster.k.probe(pod)
         exec_env = cluster.exec_env(cluster.container_id(pod))
         (device,) = allocated(cluster, pod)["ids"]
-        explained = rows(cluster.explain(pod))
+        explained = cluster.explain(pod)
     share = int(cluster.node.truth["gpus"][MPS_GPU]["memory"]) // 2 // MIB
     limits = {
         "CUDA_MPS_PIPE_DIRECTORY": "/run/gpuhook/mps/pipe",
@@ -228,7 +244,7 @@ def test_an_mps_pod_and_a_process_exec_started_in_it_get_the_limits(cluster: Clu
     assert seen["dev"] == gpus(MPS_GPU)
     assert mps_env(seen["env"]) == limits
     assert mps_env(exec_env) == limits
-    assert explained["main"]["GOT"] == f"granted {MPS_GPU}"
+    assert rows(explained)["main"]["GOT"] == f"granted {MPS_GPU}"
 
 
 def test_deleted_pods_free_their_mps_reservations_and_gc_keeps_nothing(cluster: Cluster) -> None:
@@ -239,10 +255,10 @@ def test_deleted_pods_free_their_mps_reservations_and_gc_keeps_nothing(cluster: 
         pods = [Pod(f"mps-{generation}-{n}", (Container(gpus={MPS: 1}),)) for n in (0, 1)]
         with cluster.running(*pods):
             seen = [cluster.k.probe(p) for p in pods]
-            explained = [rows(cluster.explain(p))["main"] for p in pods]
+            explained = [cluster.explain(p) for p in pods]
         assert [s["dev"] for s in seen] == [gpus(MPS_GPU)] * 2, generation
         assert all("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in s["env"] for s in seen), seen
-        assert [e["GOT"] for e in explained] == [f"granted {MPS_GPU}"] * 2, explained
+        assert [rows(e)["main"]["GOT"] for e in explained] == [f"granted {MPS_GPU}"] * 2
     out = cluster.gpuhook("gc", "--grace", "0", "--output", "json")
     assert out.returncode == 0, out.stderr
     view = json.loads(out.stdout)
