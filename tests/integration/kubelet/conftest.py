@@ -40,6 +40,7 @@ CDI = "nvidia.com/gpu.cdi"  # cdi-annotations, GPU 4
 SHARED = "nvidia.com/gpu.shared"  # time-slicing: GPU 5, 4 replicas, envvar
 MPS = "nvidia.com/gpu.mps"  # MPS: GPU 2 (gpuhook's mps.gpus), 2 replicas, envvar
 MPS_GPU = 2
+LOCK_TIMEOUT = 600.0
 LAYOUT = (
     (GPU, (0, 1), "envvar", 0),
     (MOUNTS, (3,), "volume-mounts", 0),
@@ -266,12 +267,18 @@ def stop(cluster: Cluster) -> list[str]:
 @contextmanager
 def exclusive(binary: Path) -> Iterator[None]:
     """One kubelet at a time on this host (they would share /var/lib/kubelet/device-plugins):
-    a lock on the kubelet binary, and no kubelet socket of another one."""
+    a lock on the kubelet binary (another session's suite is waited for) and no kubelet socket
+    of another kubelet."""
     with open(binary, "rb") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pytest.fail(f"another test session runs {binary}", pytrace=False)
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another test session runs {binary}", pytrace=False)
+                time.sleep(1)
         if deviceplugin.KUBELET_SOCKET.exists():
             pytest.fail(
                 f"{deviceplugin.KUBELET_SOCKET} exists: a kubelet runs on this host (or a "

@@ -86,6 +86,8 @@ def test_an_allocated_gpu_is_all_that_image_env_all_sees(
     uuid = cluster.uuid(index)
     assert entry["ResourceName"] == resource
     assert uuid in cluster.plugins[resource].resource.uuids
+    answered = [a for a in cluster.allocations(resource) if a.device_ids == (device,)]
+    assert entry["response"] == answered[-1].response  # the kubelet keeps the plugin's answer
     assert seen["dev"] == gpus(index)
     assert seen["env"]["NVIDIA_VISIBLE_DEVICES"] == uuid
     assert seen["smi"] == [
