@@ -11,28 +11,32 @@ from types import ModuleType
 from typing import Any
 
 PROTO = Path(__file__).with_name("runtime_v1_subset.proto")
-MODULE = PROTO.stem  # runtime_v1_subset_pb2 and runtime_v1_subset_pb2_grpc
 RPC_TIMEOUT = 120.0
 
 
-def compile_api(out: Path) -> ModuleType:
-    """Compile the proto into ``out`` and import its messages (the ``_grpc`` module imports them
+def compile_api(out: Path, proto: Path = PROTO) -> ModuleType:
+    """Compile ``proto`` into ``out`` and import its messages (the ``_grpc`` module imports them
     by their top-level name, so ``out`` goes onto sys.path)."""
     from grpc_tools import protoc  # type: ignore[import-untyped]
 
     out.mkdir(parents=True, exist_ok=True)
     args = [
         "grpc_tools.protoc",
-        f"-I{PROTO.parent}",
+        f"-I{proto.parent}",
         f"--python_out={out}",
         f"--grpc_python_out={out}",
-        str(PROTO),
+        str(proto),
     ]
     if protoc.main(args) != 0:
-        raise RuntimeError(f"grpc_tools.protoc failed on {PROTO}")
+        raise RuntimeError(f"grpc_tools.protoc failed on {proto}")
     if str(out) not in sys.path:
         sys.path.insert(0, str(out))
-    return importlib.import_module(f"{MODULE}_pb2")
+    return importlib.import_module(f"{proto.stem}_pb2")
+
+
+def services(api: ModuleType) -> ModuleType:
+    """The gRPC stubs and servicers of a module :func:`compile_api` returned."""
+    return importlib.import_module(f"{api.__name__}_grpc")
 
 
 class CriClient:
@@ -42,7 +46,7 @@ class CriClient:
         import grpc  # type: ignore[import-untyped]
 
         self.api = api
-        stubs = importlib.import_module(f"{MODULE}_pb2_grpc")
+        stubs = services(api)
         self.channel = grpc.insecure_channel(f"unix://{socket}")
         self.stub: Any = stubs.RuntimeServiceStub(self.channel)
 
@@ -85,6 +89,18 @@ class CriClient:
         self.stub.RemoveContainer(
             self.api.RemoveContainerRequest(container_id=container_id), timeout=RPC_TIMEOUT
         )
+
+    def list_pod_sandboxes(self, labels: dict[str, str] | None = None) -> list[Any]:
+        """ListPodSandbox: the sandboxes whose labels include ``labels``."""
+        flt = self.api.PodSandboxFilter(label_selector=labels or {})
+        req = self.api.ListPodSandboxRequest(filter=flt)
+        return list(self.stub.ListPodSandbox(req, timeout=RPC_TIMEOUT).items)
+
+    def list_containers(self, labels: dict[str, str] | None = None) -> list[Any]:
+        """ListContainers: the containers (any state) whose labels include ``labels``."""
+        flt = self.api.ContainerFilter(label_selector=labels or {})
+        req = self.api.ListContainersRequest(filter=flt)
+        return list(self.stub.ListContainers(req, timeout=RPC_TIMEOUT).containers)
 
     def container_status(self, container_id: str) -> Any:
         req = self.api.ContainerStatusRequest(container_id=container_id)

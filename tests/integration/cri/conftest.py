@@ -1,13 +1,10 @@
 """A private containerd 1.6 driven through its CRI plugin, as the kubelet drives it.
 
-The daemon has its own root, state, socket and config under a short folder in /tmp. Its
-config.toml is ``containerd config default`` made private (plugin folders, an empty CNI folder),
-with the CRI settings a node without CAP_SYS_RESOURCE and without CNI needs
-(``restrict_oom_score_adj``, ``disable_apparmor``, host-network pods only) and the sandbox image
-of this suite, then registered by ``gpuhook runtime configure --runtime containerd
---set-as-default``. Images are built here from the busybox rootfs and imported with
-``ctr -n k8s.io images import``: nothing is pulled. gpuhook's config points at the session's
-fake GPU node and at a kubelet folder in tmp, whose device-manager checkpoint the tests write.
+The daemon (tests/integration/cri/daemon.py) has its own root, state, socket and config under a
+short folder in /tmp, registered by ``gpuhook runtime configure --runtime containerd
+--set-as-default``; its images are built locally and imported (nothing is pulled). gpuhook's
+config points at the session's fake GPU node and at a kubelet folder in tmp, whose
+device-manager checkpoint the tests write.
 """
 
 from __future__ import annotations
@@ -15,8 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import uuid as uuidlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,36 +25,19 @@ from tests.conftest import FakeNode, _deep_update, mps_daemons_under
 from tests.integration import engines
 from tests.integration.cri import client as cri_client
 from tests.integration.cri import kubelet
-from tests.integration.test_containerd import oci_archive
+from tests.integration.cri.daemon import (
+    IMAGE,
+    IMAGE_ALL,
+    NS,
+    SLEEP,
+    build_images,
+    cri_config,
+    kill_shims,
+)
 
-NS = "k8s.io"
-PAUSE = "gpuhook-test.local/pause:1"
-IMAGE = "gpuhook-test.local/busybox:1"
-IMAGE_ALL = "gpuhook-test.local/busybox-env-all:1"
-PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+__all__ = ["IMAGE", "IMAGE_ALL", "MPS_GPU", "NS", "Cri", "PodHandle"]
+
 MPS_GPU = 2  # the MPS-shared GPU of the suite's config (2 replicas)
-SLEEP = ["/bin/sleep", "3600"]
-
-
-def cri_config(root: Path) -> str:
-    """`containerd config default`, private, with the CRI settings of this suite."""
-    text = subprocess.run(
-        [engines.CONTAINERD, "config", "default"], capture_output=True, text=True, check=True
-    ).stdout
-    (root / "cni").mkdir()
-    edits = {
-        'path = "/opt/containerd"': f'path = "{root / "opt"}"',
-        "restrict_oom_score_adj = false": "restrict_oom_score_adj = true",
-        "disable_apparmor = false": "disable_apparmor = true",
-        'sandbox_image = "registry.k8s.io/pause:3.6"': f'sandbox_image = "{PAUSE}"',
-        'conf_dir = "/etc/cni/net.d"': f'conf_dir = "{root / "cni"}"',
-        'bin_dir = "/opt/cni/bin"': f'bin_dir = "{root / "cni"}"',
-        'Root = ""': f'Root = "{root / "runc"}"',  # runc's state: not /run/containerd/runc
-    }
-    for old, new in edits.items():
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    return text
 
 
 class Cri:
@@ -185,33 +164,6 @@ class PodHandle:
         """The env of a process started by ExecSync (`kubectl exec`, exec probes)."""
         raw = self.exec(cid, "/bin/env")
         return dict(line.split("=", 1) for line in raw.splitlines() if "=" in line)
-
-
-def build_images(daemon: engines.Containerd, rootfs: str, folder: Path) -> None:
-    """The sandbox (pause) image and the test images, from the busybox rootfs. The pause image
-    carries NVIDIA_VISIBLE_DEVICES=all, so every sandbox of the suite takes gpuhook's full path
-    and must be refused (a real pause image has no such env: its sandbox takes the fast path)."""
-    images: Mapping[str, tuple[list[str], list[str]]] = {
-        PAUSE: ([PATH_ENV, "NVIDIA_VISIBLE_DEVICES=all"], SLEEP),
-        IMAGE: ([PATH_ENV], ["/bin/sh"]),
-        IMAGE_ALL: ([PATH_ENV, "NVIDIA_VISIBLE_DEVICES=all"], ["/bin/sh"]),
-    }
-    for name, (env, cmd) in images.items():
-        archive = oci_archive(rootfs, folder / f"{uuidlib.uuid4().hex[:8]}.tar", name, env, cmd)
-        out = daemon.ctr("-n", NS, "images", "import", str(archive))
-        assert out.returncode == 0, out.stderr + daemon.tail()
-
-
-def kill_shims(socket: Path) -> None:
-    """containerd's shims outlive the daemon: SIGKILL the ones of this daemon (a test that
-    failed before its pod was removed leaves one), found by the socket in their argv."""
-    for entry in os.listdir("/proc"):
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if entry.isdigit() and b"-address" in argv and str(socket).encode() in argv:
-            os.kill(int(entry), 9)
 
 
 @pytest.fixture(scope="session")
