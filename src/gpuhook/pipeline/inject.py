@@ -147,11 +147,8 @@ def ldcache_hook(
     With the container's ``rootfs`` (except at log level debug, where the hook runs in Python,
     which logs every refresh) the hook's program is the static gpuhook-runtime installed beside
     ``hook.path``'s gpuhook: it runs that form without a shell or Python."""
-    path = config.hook_path
-    folder, _, name = path.rpartition("/")
     with_rootfs = bool(rootfs) and config.log_level != "debug"
-    if with_rootfs and name == CLI_PROGRAM:
-        path = f"{folder}/{RUNTIME_PROGRAM}"
+    path = ldcache_program(config, with_rootfs)
     args = [path.rsplit("/", 1)[-1], HOOK_COMMAND, LDCACHE_VERB, "--ldconfig", config.ldconfig]
     if with_rootfs:
         args += ["--rootfs", rootfs]
@@ -163,6 +160,15 @@ def ldcache_hook(
         args += ["--cuda-compat", cuda_compat]
     env = HOOK_ENV + config.propagated_env
     return Hook("createContainer", path, tuple(args), env, HOOK_TIMEOUT_S)
+
+
+def ldcache_program(config: Config, with_rootfs: bool) -> str:
+    """The ldcache hook's program: for the form with ``--rootfs``, the gpuhook-runtime beside
+    ``hook.path`` when that is gpuhook's CLI (the static dispatcher runs that form itself; a pip
+    install's gpuhook-runtime hands it to Python); else ``hook.path``."""
+    path = config.hook_path
+    folder, _, name = path.rpartition("/")
+    return f"{folder}/{RUNTIME_PROGRAM}" if with_rootfs and name == CLI_PROGRAM else path
 
 
 def without_present(
