@@ -76,7 +76,8 @@ def test_the_container_resolves_what_it_did_plus_the_injected_libraries_first(
     injected = [line for line in after if f"=> {LIB}/" in line]
     assert [line for line in after if line not in injected] == before  # the image's, as it was
     assert not [line for line in after if "libstale" in line]  # kept, not rebuilt
-    assert {soname(line) for line in injected} >= {"libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"}
+    wanted = {"libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"}
+    assert {soname(line) for line in injected} >= wanted
     for line in injected:  # first of its soname
         assert next(x for x in after if soname(x) == soname(line)) == line
 
