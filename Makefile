@@ -18,7 +18,7 @@ RENDER := PYTHONPATH=$(PKGDIR) $(PY) -m gpuhook.runtime.dispatch
 # (whatever runtime.dispatch imports), so a change to any of them rebuilds them (a second's work).
 RENDER_DEPS := $(shell find src/gpuhook -name '*.py' -not -path '*/__pycache__/*')
 
-build/bin/gpuhook-runtime: packaging/gpuhook-runtime.c.in $(RENDER_DEPS)
+build/bin/gpuhook-runtime: packaging/gpuhook-runtime.c.in packaging/gpuhook-ldcache.c.in $(RENDER_DEPS)
 	@mkdir -p build/bin
 	$(RENDER) $< $@ $(PY) $(PKGDIR)
 

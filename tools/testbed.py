@@ -104,6 +104,41 @@ def build_rootfs(dest: str) -> str:
     return dest
 
 
+# A big image's libraries (a CUDA or PyTorch image carries thousands in ld.so.conf.d folders):
+# copies of one small shared object, each given its own soname in place of this placeholder.
+BIG_SONAME = b"libimage_XXXXXXXX.so.1"
+
+
+def add_libraries(rootfs: str, count: int, folders: int = 12) -> list[str]:
+    """``count`` ELF shared libraries with distinct sonames (``libimage_00000000.so.1``...)
+    spread over ``folders`` folders /opt/libN, each named by its own /etc/ld.so.conf.d file,
+    then the image's own ld.so.cache (``ldconfig -r``), as an image build leaves them. Returns
+    the folders."""
+    work = os.path.join(rootfs, ".gen")
+    os.makedirs(work, exist_ok=True)
+    src, template = os.path.join(work, "lib.c"), os.path.join(work, "lib.so")
+    with open(src, "w") as fh:
+        fh.write("int image_library(void) { return 1; }\n")
+    soname = BIG_SONAME.decode()
+    small = "-Wl,-z,noseparate-code,-z,max-page-size=4096,-z,norelro,--build-id=none"
+    gcc = ["gcc", "-shared", "-fPIC", "-nostdlib", "-s", small, f"-Wl,-soname,{soname}"]
+    subprocess.run([*gcc, "-o", template, src], check=True, capture_output=True)
+    with open(template, "rb") as fh:
+        data = fh.read()
+    shutil.rmtree(work)
+    paths = [f"/opt/lib{n}" for n in range(folders)]
+    for n, folder in enumerate(paths):
+        os.makedirs(rootfs + folder, exist_ok=True)
+        with open(os.path.join(rootfs, f"etc/ld.so.conf.d/{n:02d}-lib{n}.conf"), "w") as fh:
+            fh.write(folder + "\n")
+    for i in range(count):
+        name = f"libimage_{i:08d}.so.1"
+        with open(f"{rootfs}{paths[i % folders]}/{name}", "wb") as fh:
+            fh.write(data.replace(BIG_SONAME, name.encode()))
+    subprocess.run(["/sbin/ldconfig", "-r", rootfs], check=True, capture_output=True)
+    return paths
+
+
 def base_spec(scratch: str) -> dict[str, Any]:
     """The spec ``runc spec`` writes (real defaults: namespaces, /proc, /dev, cgroup deny-all)."""
     os.makedirs(scratch, exist_ok=True)

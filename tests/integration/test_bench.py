@@ -47,7 +47,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
     table = (tmp_path / "bench.md").read_text()
     assert table.startswith("| case | runc median (p95) |") and "Same run:" in table
     cases = {(r["case"], r["runtime"]) for r in report["cases"]}
-    for case in ("nongpu", "leak", "gpu1", "gpu8", "mig56", "passthrough"):
+    for case in ("nongpu", "leak", "gpu1", "gpu1big", "gpu8", "mig56", "passthrough"):
         assert (case, "runc") in cases and (case, "gpuhook") in cases
     for row in report["cases"]:
         assert row["n"] == 2 and 0 < row["min"] <= row["median"] <= row["p95"]
@@ -62,6 +62,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
         "nongpu",
         "leak",
         "gpu1",
+        "gpu1big",
         "gpu8",
         "mig56",
         "passthrough",

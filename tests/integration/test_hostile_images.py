@@ -335,7 +335,9 @@ def test_a_hook_without_env_would_have_been_exploitable(
 # --- the ldconfig the hook runs is bounded: the image's ld.so.conf is hostile input --------------
 
 
-def _hook(rootfs: Path, bundle: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+def _hook(
+    program: str, rootfs: Path, bundle: Path, *args: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
     (bundle / "config.json").write_text(json.dumps({"root": {"path": str(rootfs)}}))
     state = json.dumps({"ociVersion": "1.0.2", "id": "c", "pid": 1, "bundle": str(bundle)})
     start = time.monotonic()
@@ -350,7 +352,7 @@ def _hook(rootfs: Path, bundle: Path, *args: str) -> tuple[subprocess.CompletedP
     config = bundle / "gpuhook.yaml"  # the hook logs: keep it off the host's /var/log/gpuhook
     config.write_text(f"state_dir: {bundle}/state\nlog:\n  file: {bundle}/gpuhook.log\n")
     out = subprocess.run(
-        [sys.executable, "-c", wrapper, testbed.GPUHOOK, "hook", "update-ldcache", *args],
+        [sys.executable, "-c", wrapper, program, "hook", "update-ldcache", *args],
         input=state,
         capture_output=True,
         text=True,
@@ -361,13 +363,27 @@ def _hook(rootfs: Path, bundle: Path, *args: str) -> tuple[subprocess.CompletedP
     return out, time.monotonic() - start
 
 
+# The static dispatcher with the form gpuhook-runtime writes, and the Python form (CDI specs).
+HOOK_FORMS = pytest.mark.parametrize("form", ["gpuhook-runtime", "gpuhook"])
+
+
+def _form(form: str, rootfs: Path) -> tuple[str, list[str]]:
+    if form == "gpuhook-runtime":
+        return testbed.RUNTIME, ["--ldconfig", "/sbin/ldconfig", "--rootfs", str(rootfs)]
+    return testbed.GPUHOOK, []
+
+
+@HOOK_FORMS
 @pytest.mark.parametrize("attack", ["dev-zero", "fifo"])
+@pytest.mark.parametrize("cache", ["merged", "full-run"])
 def test_hostile_ld_so_conf_cannot_exhaust_or_block_the_hook(
-    tmp_path: Path, rootfs_template: str, attack: str
+    tmp_path: Path, rootfs_template: str, attack: str, cache: str, form: str
 ) -> None:
     """/etc/ld.so.conf as a link to /dev/zero (one endless line: ldconfig's memory grew without
-    bound) or as a FIFO (ldconfig blocked forever): the hook stays bounded, warns in one line and
-    exits 0, so the container starts with the image's own cache."""
+    bound) or as a FIFO (ldconfig blocked forever). Merging into the image's cache reads no
+    ld.so.conf at all; where the full run is needed (here: the image's cache is a link, never
+    read) the hook stays bounded, warns in one line and exits 0, so the container starts with
+    the image's own cache."""
     rootfs = tmp_path / "rootfs"
     shutil.copytree(rootfs_template, rootfs, symlinks=True)
     conf = rootfs / "etc/ld.so.conf"
@@ -377,12 +393,20 @@ def test_hostile_ld_so_conf_cannot_exhaust_or_block_the_hook(
     else:
         os.mknod(rootfs / "dev/zero", 0o666 | 0o020000, os.makedev(1, 5))
         conf.symlink_to("/dev/zero")
+    if cache == "full-run":
+        (rootfs / "etc/ld.so.cache").unlink()
+        (rootfs / "etc/ld.so.cache").symlink_to("/etc/ld.so.cache")
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    out, took = _hook(rootfs, bundle, "--timeout", "2", "--folder", "/usr/lib")
+    program, args = _form(form, rootfs)
+    out, took = _hook(program, rootfs, bundle, *args, "--timeout", "2", "--folder", "/usr/lib")
     assert out.returncode == 0, out.stderr
     max_rss_kib = int(out.stdout.strip())
     assert max_rss_kib < 400 << 10  # ldconfig's heap is capped at 256 MiB
+    if cache == "merged":
+        assert (out.stderr, took < 10) == ("", True)
+        assert (rootfs / "etc/ld.so.cache").is_file()  # the image's cache, merged into
+        return
     if attack == "fifo":
         assert 2 <= took < 10
         assert out.stderr == (

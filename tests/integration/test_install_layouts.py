@@ -1,7 +1,9 @@
 """hook.path unset: the createContainer hook runs the gpuhook installed beside the running
 gpuhook-runtime, for each install layout (real runc): ``make build``'s dispatchers
 (build/bin, as the .deb's in /usr/bin) and a pip install's console scripts (a virtualenv's bin).
-Before, the default was /usr/bin/gpuhook, and a pip install's GPU containers failed to start."""
+Before, the default was /usr/bin/gpuhook, and a pip install's GPU containers failed to start.
+The form gpuhook-runtime writes runs in the gpuhook-runtime beside that gpuhook (the static
+dispatcher runs it itself; a pip install's console script hands it to Python)."""
 
 from __future__ import annotations
 
@@ -56,10 +58,13 @@ def build_bin_copy(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.parametrize("level", ["info", "debug"])
 @pytest.mark.parametrize("layout", ["venv-bin", "sh-dispatchers"])
 def test_gpu_container_runs_the_hook_beside_its_runtime(
-    node: FakeNode, containers: Containers, tmp_path: Path, layout: str
+    node: FakeNode, containers: Containers, tmp_path: Path, layout: str, level: str
 ) -> None:
+    """At an operator's log level the hook's program is gpuhook-runtime; at debug level (Python
+    logs every refresh) the gpuhook beside it."""
     if layout == "venv-bin":
         bindir = venv_bin(tmp_path / "venv" / "bin")
         runtime = str(bindir / "gpuhook-runtime")
@@ -68,7 +73,7 @@ def test_gpu_container_runs_the_hook_beside_its_runtime(
         (tmp_path / "links").mkdir()
         runtime = str(tmp_path / "links" / "gpuhook-runtime")
         os.symlink(bindir / "gpuhook-runtime", runtime)
-    env = node.variant(tmp_path, hook={"path": None})
+    env = node.variant(tmp_path, hook={"path": None}, log={"level": level})
     bundle = containers.bundle(
         args=("/bin/sh", "-c", testbed.PROBE), env=["NVIDIA_VISIBLE_DEVICES=1"]
     )
@@ -80,7 +85,7 @@ def test_gpu_container_runs_the_hook_beside_its_runtime(
     assert any("libcuda.so.1 => /usr/local/gpuhook/lib/" in line for line in seen["ldconfig"])
     spec = json.loads((bundle / "config.json").read_text())
     paths = {hook["path"] for hook in spec["hooks"]["createContainer"]}
-    assert paths == {str(bindir / "gpuhook")}
+    assert paths == {str(bindir / ("gpuhook-runtime" if level == "info" else "gpuhook"))}
 
 
 def test_doctor_says_which_gpuhook_the_hook_runs(node: FakeNode, tmp_path: Path) -> None:
@@ -93,10 +98,11 @@ def test_doctor_says_which_gpuhook_the_hook_runs(node: FakeNode, tmp_path: Path)
         out = run_cli([gpuhook, "doctor", "-o", "json"], env)
         hook = next(r for r in json.loads(out)["checks"] if r["check"] == "hook")
         assert hook["status"] == "pass"
+        folder = Path(gpuhook).parent
         assert hook["message"].startswith(
-            f"{Path(gpuhook).parent / 'gpuhook'} hook update-ldcache "
+            f"{folder / 'gpuhook-runtime'} hook update-ldcache (the containers gpuhook-runtime "
+            f"creates); {folder / 'gpuhook'} hook update-ldcache ({source}) for CDI specs"
         )
-        assert f"({source})" in hook["message"]
     explicit = node.gpuhook("doctor", "-o", "json")  # the node's config sets hook.path
     hook = next(r for r in json.loads(explicit.stdout)["checks"] if r["check"] == "hook")
     assert f"(hook.path in {node.config})" in hook["message"]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpuhook import config, markers
-from gpuhook.runtime import dispatch, hooks, runc_argv, service
+from gpuhook.pipeline import inject
+from gpuhook.runtime import dispatch, hooks, ldmerge, runc_argv, service
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,13 +64,26 @@ def test_the_built_dispatcher_is_one() -> None:
     assert config._is_gpuhook_runtime(str(REPO / "build" / "bin" / "gpuhook-runtime"))
 
 
-def test_the_hook_dispatcher_carries_the_bounds() -> None:
+def test_the_ldcache_hook_carries_the_bounds_flags_and_steps() -> None:
+    """The static dispatcher's C hook: the bounds, flags and environment of
+    gpuhook.runtime.hooks, the merge's names and ldconfig flags of gpuhook.runtime.ldmerge."""
+    text = dispatch.render_c((REPO / "packaging" / "gpuhook-runtime.c.in").read_text())
+    assert f"#define LDC_DATA_LIMIT {hooks.LDCONFIG_DATA_LIMIT}\n" in text
+    assert f"#define LDC_CPU_S {hooks.LDCONFIG_CPU_S}\n" in text
+    assert f"#define LDC_TIMEOUT_MAX_S {hooks.LDCONFIG_TIMEOUT_MAX_S}\n" in text
+    assert f"#define LDC_TIMEOUT_S {int(hooks.LDCONFIG_TIMEOUT_S)}\n" in text
+    assert ", ".join(f'"{f}"' for f in hooks.UPDATE_LDCACHE_FLAGS) in text
+    assert ", ".join(f'"{k}={v}"' for k, v in hooks.SAFE_ENV.items()) in text
+    assert ", ".join(f'"{f}"' for f in ldmerge.FOLDER_FLAGS) in text
+    assert f'CMD_HOOK[] = "{runc_argv.HOOK}"' in text
+    assert runc_argv.HOOK == inject.HOOK_COMMAND  # what the spec's hook says, what runs it
+
+
+def test_the_cli_dispatcher_only_starts_python() -> None:
+    """The ldcache hook no longer runs in sh: the gpuhook dispatcher execs Python, nothing else."""
     text = dispatch.render((REPO / "packaging" / "gpuhook.in").read_text(), "/p", "/k")
-    assert (
-        f"ulimit -d {hooks.LDCONFIG_DATA_LIMIT >> 10} && ulimit -t {hooks.LDCONFIG_CPU_S}" in text
-    )
-    assert f"-le {hooks.LDCONFIG_TIMEOUT_MAX_S} ]" in text
-    assert "|".join(hooks.UPDATE_LDCACHE_FLAGS) in text
+    code = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert code == ['GPUHOOK_SELF=$0 exec /p -I -S /k/gpuhook/_cli_entry.py "$@"']
 
 
 def test_an_unknown_template_name_fails_the_build() -> None:

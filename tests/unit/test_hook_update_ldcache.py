@@ -1,7 +1,13 @@
-"""`gpuhook hook update-ldcache`, as runc runs it: through the installed sh dispatcher (which runs
-the --rootfs form itself, without Python) and through the Python implementation. Both must start
-the same ldconfig command line, with the same explicit environment, from /, and report the same
-outcomes. A fake ldconfig (a sh script) records what it was started with."""
+"""`... hook update-ldcache`, as runc runs it: through the static dispatcher (``gpuhook-runtime
+hook update-ldcache``, which runs the --rootfs form itself, without a shell or Python) and through
+the Python implementation (``gpuhook hook update-ldcache``). Both must start the same ldconfig
+command lines, with the same explicit environment, working folder and bounds, write the same
+cache bytes, and report the same outcomes.
+
+A fake ldconfig (a sh script) records every run; when it is run the way the merge runs it on
+an injected folder (``-C /.gpuhook-ld.so.cache``, its working folder the injected one, where the
+real one chroots), it writes the cache the test prepared there, as the real one would. The real
+ldconfig inside real containers: tests/integration/test_ldcache_merge.py."""
 
 from __future__ import annotations
 
@@ -14,13 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from gpuhook.runtime import decide
+from gpuhook.inventory import ldcache
+from gpuhook.inventory.ldcache import CacheEntry
+from gpuhook.runtime import decide, hooks, ldmerge
 from tests import factories as f
 
 REPO = Path(__file__).resolve().parents[2]
-DISPATCHER = REPO / "build" / "bin" / "gpuhook"
+RUNTIME = REPO / "build" / "bin" / "gpuhook-runtime"
 CLI_ENTRY = REPO / "src" / "gpuhook" / "_cli_entry.py"
 FOLDER = "/usr/local/gpuhook/lib"
+X86_64 = 0x0303
+STATE = '{"ociVersion":"1.0.2","id":"c-hook","status":"creating","bundle":"/nonexistent"}'
 
 # How runc starts the hook: the spec's explicit env, plus whatever a hostile spec could add.
 HOOK_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LD_LIBRARY_PATH": "/nonexistent", "FOO": "1"}
@@ -34,47 +44,65 @@ def _own_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(HOOK_ENV, "GPUHOOK_CONFIG", str(paper_node(tmp_path / "node")))
 
 
-def _impls() -> list[list[str]]:
-    return [[str(DISPATCHER)], [sys.executable, "-I", "-S", str(CLI_ENTRY)]]
+IMPLS = pytest.mark.parametrize(
+    "impl",
+    [[str(RUNTIME)], [sys.executable, "-I", "-S", str(CLI_ENTRY)]],
+    ids=["static-dispatcher", "python"],
+)
 
 
-IMPLS = pytest.mark.parametrize("impl", _impls(), ids=["sh-dispatcher", "python"])
+class Fake:
+    """The fake ldconfig at ``path``: every run appends its argv, its initial environment
+    (/proc/self/environ: exactly what exec passed), its physical working folder and its heap
+    and CPU limits to ``runs``; it exits with the content of ``rc`` (0 without), sleeps
+    ``sleep`` seconds instead (killed at the bound), and on a folder run copies
+    ``folder_cache`` (when there is one) to ./.gpuhook-ld.so.cache."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "ldconfig"
+        self.log = folder / "runs"
+        self.rc = folder / "rc"
+        self.sleep = folder / "sleep"
+        self.folder_cache = folder / "folder-cache"
+        self.path.write_text(
+            "#!/bin/sh\n"
+            f"exec 3>>{self.log}\n"
+            'printf "%s\\n" "$@" >&3\n'
+            "echo --- >&3\n"
+            "tr '\\0' '\\n' < /proc/$$/environ >&3\n"
+            "echo --- >&3\n"
+            "pwd -P >&3\n"
+            "ulimit -d >&3; ulimit -t >&3\n"
+            "echo === >&3\n"
+            f"[ -f {self.sleep} ] && exec sleep $(cat {self.sleep})\n"
+            f'case " $* " in *" -C /{ldmerge.FOLDER_CACHE} "*)\n'
+            f"  [ -f {self.folder_cache} ] && cp {self.folder_cache} ./{ldmerge.FOLDER_CACHE} ;;\n"
+            "esac\n"
+            f"exit $(cat {self.rc} 2>/dev/null || echo 0)\n"
+        )
+        self.path.chmod(0o755)
+
+    def runs(self) -> list[dict[str, object]]:
+        if not self.log.exists():
+            return []
+        out = []
+        for text in self.log.read_text().split("===\n")[:-1]:
+            argv, env, rest = text.split("---\n")
+            cwd, data, cpu = rest.split()
+            environ = dict(line.split("=", 1) for line in env.splitlines() if line)
+            environ.pop("PWD", None)  # the fake ldconfig is a sh script: dash sets PWD itself
+            limits = (data, cpu)
+            out.append({"argv": argv.splitlines(), "env": environ, "cwd": cwd, "limits": limits})
+        return out
 
 
 @pytest.fixture
-def fake_ldconfig(tmp_path: Path) -> Path:
-    """Records argv, its initial environment (/proc/self/environ: exactly what exec passed),
-    cwd and rlimits; exits with $FAKE_RC (from a file) and sleeps $FAKE_SLEEP."""
-    out = tmp_path / "record"
-    script = tmp_path / "ldconfig"
-    script.write_text(
-        "#!/bin/sh\n"
-        f"exec 3>{out}\n"
-        f"echo run >> {tmp_path}/runs\n"
-        'printf "%s\\n" "$@" >&3\n'
-        "echo --- >&3\n"
-        "tr '\\0' '\\n' < /proc/$$/environ >&3\n"
-        "echo --- >&3\n"
-        "pwd >&3\n"
-        "ulimit -d >&3; ulimit -t >&3\n"
-        f"[ -f {tmp_path}/sleep ] && sleep $(cat {tmp_path}/sleep)\n"
-        f"exit $(cat {tmp_path}/rc 2>/dev/null || echo 0)\n"
-    )
-    script.chmod(0o755)
-    return script
-
-
-def _record(ldconfig: Path) -> dict[str, object]:
-    text = (ldconfig.parent / "record").read_text()
-    argv, env, rest = text.split("---\n")
-    cwd, data, cpu = rest.split()
-    environ = dict(line.split("=", 1) for line in env.splitlines() if line)
-    environ.pop("PWD", None)  # the fake ldconfig is a sh script: dash sets PWD itself
-    return {"argv": argv.splitlines(), "env": environ, "cwd": cwd, "data": data, "cpu": cpu}
+def fake(tmp_path: Path) -> Fake:
+    return Fake(tmp_path)
 
 
 def _run(
-    impl: list[str], *args: str, stdin: str = "", timeout: float = 30
+    impl: list[str], *args: str, stdin: str = STATE, timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*impl, "hook", "update-ldcache", *args],
@@ -88,99 +116,289 @@ def _run(
     )
 
 
+def _rootfs(tmp_path: Path, *folders: str) -> Path:
+    rootfs = tmp_path / "rootfs"
+    for folder in (FOLDER, *folders):
+        (rootfs / folder.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    (rootfs / "etc").mkdir(exist_ok=True)
+    return rootfs
+
+
+def _entry(key: str, value: str, flags: int = X86_64, osversion: int = 0) -> CacheEntry:
+    return CacheEntry(key, value, flags, None, 0, osversion)
+
+
+def _cache(rootfs: Path) -> list[tuple[str, str, int]]:
+    return [(e.key, e.value, e.flags) for e in ldcache.read(str(rootfs / "etc/ld.so.cache"))]
+
+
+FULL = ["-X", "-r"]  # the full run's first arguments, then the rootfs and the folders
+FOLDER_RUN = list(ldmerge.FOLDER_FLAGS)
+SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
+BOUNDS = (str(hooks.LDCONFIG_DATA_LIMIT >> 10), str(hooks.LDCONFIG_CPU_S))
+
+
+# --- the merge: the image's cache kept, the injected folders' entries first ----------------------
+
+
+IMAGE = [
+    _entry("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1"),
+    _entry("libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", osversion=0x30200),
+    _entry("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+    _entry("libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1", 0x0003),
+    _entry("libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6"),
+    _entry("libc.so.6", f"{FOLDER}/libc.so.6"),  # an image committed from a GPU container
+]
+FOLDER_CACHE = [  # what ldconfig, chrooted into the folder, lists ("/./" + name)
+    _entry("libnvidia-ml.so.1", "/./libnvidia-ml.so.1"),
+    _entry("libnvidia-ml.so", "/./libnvidia-ml.so"),
+    _entry("libcuda.so.1", "/./libcuda.so.1"),
+    _entry("libcuda.so", "/./libcuda.so"),
+    _entry("libc.so.6", "/./libc.so.6"),
+]
+
+
 @IMPLS
-def test_rootfs_form_runs_ldconfig_chrooted_with_explicit_env(
-    impl: list[str], fake_ldconfig: Path, tmp_path: Path
+def test_the_injected_entries_go_first_and_the_images_stay_as_they_are(
+    impl: list[str], fake: Fake, tmp_path: Path
 ) -> None:
-    rootfs = tmp_path / "rootfs"
-    rootfs.mkdir()
-    result = _run(
-        impl,
-        "--ldconfig",
-        str(fake_ldconfig),
-        "--rootfs",
-        str(rootfs),
-        "--folder",
-        FOLDER,
-        "--folder",
-        FOLDER + "32",
-        stdin='{"ociVersion":"1.0.2","id":"x","status":"creating","bundle":"/nonexistent"}',
-    )
+    rootfs = _rootfs(tmp_path)
+    (rootfs / "etc/ld.so.cache").write_bytes(ldcache.serialize(IMAGE))
+    fake.folder_cache.write_bytes(ldcache.serialize(FOLDER_CACHE))
+    args = ["--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER]
+    result = _run(impl, *args)
     assert (result.returncode, result.stderr) == (0, "")
-    seen = _record(fake_ldconfig)
-    assert seen["argv"] == ["-X", "-r", str(rootfs), FOLDER, FOLDER + "32"]
-    assert seen["env"] == {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
-    assert seen["cwd"] == "/"
+    [run] = fake.runs()  # one ldconfig, on the folder alone: no full run
+    assert run == {
+        "argv": FOLDER_RUN,
+        "env": SAFE_ENV,
+        "cwd": str(rootfs / FOLDER.lstrip("/")),  # where the real one chroots (-r .)
+        "limits": BOUNDS,
+    }
+    assert _cache(rootfs) == [
+        ("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64),
+        ("libnvidia-ml.so.1", f"{FOLDER}/libnvidia-ml.so.1", X86_64),  # before the image's
+        ("libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", X86_64),
+        ("libnvidia-ml.so", f"{FOLDER}/libnvidia-ml.so", X86_64),
+        ("libcuda.so.1", f"{FOLDER}/libcuda.so.1", X86_64),
+        ("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", X86_64),
+        ("libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1", 0x0003),
+        ("libcuda.so", f"{FOLDER}/libcuda.so", X86_64),
+        ("libc.so.6", f"{FOLDER}/libc.so.6", X86_64),  # listed once
+        ("libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6", X86_64),
+    ]
+    kept = ldcache.read(str(rootfs / "etc/ld.so.cache"))
+    assert kept[2].osversion == 0x30200  # the image's entries as they were, field by field
+    assert sorted(os.listdir(rootfs / FOLDER.lstrip("/"))) == []  # ldconfig's cache removed
+    assert sorted(os.listdir(rootfs / "etc")) == ["ld.so.cache"]
+    assert (rootfs / "etc/ld.so.cache").stat().st_mode & 0o777 == 0o644
 
 
-def test_sh_dispatcher_bounds_ldconfig(fake_ldconfig: Path, tmp_path: Path) -> None:
-    """The bounds of gpuhook.runtime.hooks (heap, CPU time) hold for the sh implementation too."""
-    rootfs = tmp_path / "rootfs"
-    rootfs.mkdir()
-    result = _run([str(DISPATCHER)], "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs))
-    assert result.returncode == 0, result.stderr
-    seen = _record(fake_ldconfig)
-    assert (seen["data"], seen["cpu"]) == ("262144", "10")
+def test_both_implementations_write_the_same_bytes(fake: Fake, tmp_path: Path) -> None:
+    fake.folder_cache.write_bytes(ldcache.serialize(FOLDER_CACHE))
+    written = []
+    for n, impl in enumerate(([str(RUNTIME)], [sys.executable, "-I", "-S", str(CLI_ENTRY)])):
+        rootfs = _rootfs(tmp_path / str(n), FOLDER + "32")
+        (rootfs / "etc/ld.so.cache").write_bytes(ldcache.serialize(IMAGE))
+        args = ["--ldconfig", str(fake.path), "--rootfs", str(rootfs)]
+        result = _run(impl, *args, "--folder", FOLDER, "--folder", FOLDER + "32")
+        assert (result.returncode, result.stderr) == (0, "")
+        written.append((rootfs / "etc/ld.so.cache").read_bytes())
+    assert written[0] == written[1]
+    merged = ldcache.parse(written[0])
+    # the same sonames in both folders: the first folder's entry first
+    assert [e.value for e in merged if e.key == "libcuda.so.1"][:2] == [
+        f"{FOLDER}/libcuda.so.1",
+        f"{FOLDER}32/libcuda.so.1",
+    ]
 
 
-def test_sh_dispatcher_kills_ldconfig_past_its_wall_time(
-    fake_ldconfig: Path, tmp_path: Path
+@IMPLS
+def test_an_image_without_a_cache_gets_the_injected_entries_only(
+    impl: list[str], fake: Fake, tmp_path: Path
+) -> None:
+    """Every other library still resolves through the loader's default folders, as before."""
+    rootfs = _rootfs(tmp_path)
+    (rootfs / "etc").rmdir()  # a scratch-like image: /etc is made
+    fake.folder_cache.write_bytes(ldcache.serialize(FOLDER_CACHE[:2]))
+    result = _run(impl, "--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert _cache(rootfs) == [
+        ("libnvidia-ml.so.1", f"{FOLDER}/libnvidia-ml.so.1", X86_64),
+        ("libnvidia-ml.so", f"{FOLDER}/libnvidia-ml.so", X86_64),
+    ]
+    assert len(fake.runs()) == 1
+
+
+def _unmergeable(rootfs: Path, case: str) -> None:
+    cache = rootfs / "etc/ld.so.cache"
+    good = ldcache.serialize(IMAGE)
+    if case == "link":
+        cache.symlink_to("/etc/ld.so.cache")  # the host's: never read
+    elif case == "fifo":
+        os.mkfifo(cache)
+    elif case == "folder":
+        cache.mkdir()
+    elif case == "etc-link":
+        (rootfs / "etc").rmdir()
+        (rootfs / "etc").symlink_to("/etc")
+    elif case == "garbage":
+        cache.write_bytes(b"not a cache at all")
+    elif case == "old-format":
+        cache.write_bytes(ldcache.OLD_MAGIC + b"\0" + bytes(4))
+    elif case == "other-byte-order":
+        cache.write_bytes(good[:28] + b"\x03" + good[29:])
+    elif case == "unsorted":
+        cache.write_bytes(ldcache.serialize(list(reversed(IMAGE))))
+    elif case == "glibc-hwcaps":
+        cache.write_bytes(ldcache.serialize([CacheEntry("libz.so.1", "/x", X86_64, None, 1 << 62)]))
+    elif case == "non-ascii-key":
+        cache.write_bytes(ldcache.serialize([_entry("libé.so.1", "/x")]))
+    elif case == "long-digit-run":
+        cache.write_bytes(ldcache.serialize([_entry("libz.so.1234567890", "/x")]))
+    elif case == "truncated":
+        cache.write_bytes(good[:-10])
+
+
+UNMERGEABLE = [
+    "link",
+    "fifo",
+    "folder",
+    "etc-link",
+    "garbage",
+    "old-format",
+    "other-byte-order",
+    "unsorted",
+    "glibc-hwcaps",
+    "non-ascii-key",
+    "long-digit-run",
+    "truncated",
+]
+
+
+@IMPLS
+@pytest.mark.parametrize("case", UNMERGEABLE)
+def test_an_image_cache_that_cannot_be_merged_exactly_gets_the_full_run(
+    impl: list[str], case: str, fake: Fake, tmp_path: Path
+) -> None:
+    """Never read through a link, never a FIFO; anything the merge cannot keep exactly as the
+    loader reads it: ldconfig -r rebuilds the cache, chrooted, as gpuhook always did."""
+    rootfs = _rootfs(tmp_path)
+    _unmergeable(rootfs, case)
+    fake.folder_cache.write_bytes(ldcache.serialize(FOLDER_CACHE))
+    result = _run(impl, "--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert [(r["argv"], r["cwd"], r["limits"]) for r in fake.runs()] == [
+        ([*FULL, str(rootfs), FOLDER], "/", BOUNDS)
+    ]
+
+
+@IMPLS
+@pytest.mark.parametrize("case", ["no-output", "relative-value", "hwcaps-entry"])
+def test_a_folder_run_that_cannot_be_merged_gets_the_full_run(
+    impl: list[str], case: str, fake: Fake, tmp_path: Path
+) -> None:
+    rootfs = _rootfs(tmp_path)
+    if case == "relative-value":
+        fake.folder_cache.write_bytes(ldcache.serialize([_entry("libcuda.so.1", "libcuda.so.1")]))
+    elif case == "hwcaps-entry":
+        entry = CacheEntry("libcuda.so.1", "/./libcuda.so.1", X86_64, None, 1 << 62)
+        fake.folder_cache.write_bytes(ldcache.serialize([entry]))
+    result = _run(impl, "--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert [r["argv"] for r in fake.runs()] == [FOLDER_RUN, [*FULL, str(rootfs), FOLDER]]
+    assert os.listdir(rootfs / FOLDER.lstrip("/")) == []
+
+
+@IMPLS
+def test_a_folder_behind_a_link_of_the_image_gets_the_full_run(
+    impl: list[str], fake: Fake, tmp_path: Path
+) -> None:
+    """The injected folder is reached only without links (runc mounted it inside the rootfs,
+    wherever the image's link led: ldconfig -r resolves it there); a missing one is skipped."""
+    rootfs = _rootfs(tmp_path, "/real")
+    (rootfs / "opt").symlink_to("real")
+    fake.folder_cache.write_bytes(ldcache.serialize(FOLDER_CACHE))
+    args = ["--ldconfig", str(fake.path), "--rootfs", str(rootfs)]
+    result = _run(impl, *args, "--folder", "/missing", "--folder", "/opt")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert [r["argv"] for r in fake.runs()] == [[*FULL, str(rootfs), "/missing", "/opt"]]
+
+
+# --- bounds and failures --------------------------------------------------------------------------
+
+
+@IMPLS
+def test_a_failing_ldconfig_warns_and_lets_the_container_start(
+    impl: list[str], fake: Fake, tmp_path: Path
+) -> None:
+    rootfs = _rootfs(tmp_path)
+    fake.rc.write_text("3")
+    result = _run(impl, "--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER)
+    assert result.returncode == 0
+    assert result.stderr == (
+        f"gpuhook hook update-ldcache: {fake.path} exited with 3; "
+        "the container's ld.so.cache was not refreshed\n"
+    )
+    # the folder's run failed, so did the full one; Python reported it, did not run it again
+    assert [r["argv"] for r in fake.runs()] == [FOLDER_RUN, [*FULL, str(rootfs), FOLDER]]
+
+
+@IMPLS
+def test_ldconfig_is_killed_past_its_wall_time(
+    impl: list[str], fake: Fake, tmp_path: Path
 ) -> None:
     """An image whose ld.so.conf is a FIFO blocks ldconfig forever: the hook kills it at the
-    bound, warns, and lets the container start."""
-    rootfs = tmp_path / "rootfs"
-    rootfs.mkdir()
-    (tmp_path / "sleep").write_text("30")
+    bound (every run together), warns, and lets the container start."""
+    rootfs = _rootfs(tmp_path)
+    fake.sleep.write_text("30")
     started = time.monotonic()
-    result = _run(
-        [str(DISPATCHER)],
-        "--ldconfig",
-        str(fake_ldconfig),
-        "--rootfs",
-        str(rootfs),
-        "--timeout",
-        "1",
-    )
+    args = ["--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER]
+    result = _run(impl, *args, "--timeout", "1")
     assert time.monotonic() - started < 10
     assert result.returncode == 0
     assert result.stderr == (
-        f"gpuhook hook update-ldcache: {fake_ldconfig} ran past 1s; "
+        f"gpuhook hook update-ldcache: {fake.path} ran past 1s; "
         "the container's ld.so.cache was not refreshed\n"
     )
 
 
-@IMPLS
-def test_failing_ldconfig_warns_and_lets_the_container_start(
-    impl: list[str], fake_ldconfig: Path, tmp_path: Path
-) -> None:
-    rootfs = tmp_path / "rootfs"
-    rootfs.mkdir()
-    (tmp_path / "rc").write_text("3")
-    result = _run(impl, "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs))
+def test_a_failed_run_is_logged_once_by_python(fake: Fake, tmp_path: Path) -> None:
+    """The static dispatcher hands a failed ldconfig to Python, which logs it as
+    gpuhook.runtime.hooks logs it: one warning event in the config's log file, bound to the
+    container of the OCI state (which the dispatcher left unread on stdin)."""
+    from tests.logcapture import log_lines
+
+    rootfs = _rootfs(tmp_path)
+    fake.rc.write_text("3")
+    args = ["--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER]
+    result = _run([str(RUNTIME)], *args)
     assert result.returncode == 0
-    assert result.stderr == (
-        f"gpuhook hook update-ldcache: {fake_ldconfig} exited with 3; "
-        "the container's ld.so.cache was not refreshed\n"
+    [event] = log_lines(tmp_path / "node" / "log" / "gpuhook.log")
+    assert (event["event"], event["level"], event["container_id"], event["exit_code"]) == (
+        "ldcache not refreshed",
+        "warning",
+        "c-hook",
+        3,
     )
+    assert event["command"] == [str(fake.path), *FULL, str(rootfs), FOLDER]
+    assert len(fake.runs()) == 2
 
 
 @IMPLS
-def test_missing_rootfs_fails_the_hook(
-    impl: list[str], fake_ldconfig: Path, tmp_path: Path
-) -> None:
+def test_a_missing_rootfs_fails_the_hook(impl: list[str], fake: Fake, tmp_path: Path) -> None:
     missing = tmp_path / "nope"
-    result = _run(impl, "--ldconfig", str(fake_ldconfig), "--rootfs", str(missing))
+    result = _run(impl, "--ldconfig", str(fake.path), "--rootfs", str(missing))
     assert result.returncode == 1
     assert result.stderr == (
         f"gpuhook hook update-ldcache: container rootfs {missing} is not a directory\n"
     )
-    assert not (tmp_path / "record").exists()
+    assert fake.runs() == []
 
 
 @IMPLS
-def test_non_executable_ldconfig_fails_the_hook(impl: list[str], tmp_path: Path) -> None:
-    rootfs = tmp_path / "rootfs"
-    rootfs.mkdir()
+def test_a_non_executable_ldconfig_fails_the_hook(impl: list[str], tmp_path: Path) -> None:
+    rootfs = _rootfs(tmp_path)
     result = _run(impl, "--ldconfig", str(tmp_path / "none"), "--rootfs", str(rootfs))
     assert result.returncode == 2
     assert result.stderr.startswith("gpuhook hook update-ldcache: ")
@@ -195,45 +413,52 @@ def test_non_executable_ldconfig_fails_the_hook(impl: list[str], tmp_path: Path)
         ["--folder", "/usr/../etc"],
         ["--rootfs", "relative"],
         ["--unknown", "x"],
+        ["--timeout", "0"],
+        ["--timeout", "3601"],
+        ["--folder"],
     ],
 )
 def test_malformed_arguments_are_refused(
-    impl: list[str], bad: list[str], fake_ldconfig: Path, tmp_path: Path
+    impl: list[str], bad: list[str], fake: Fake, tmp_path: Path
 ) -> None:
-    """Anything but the exact form gpuhook-runtime writes is not run by sh: Python refuses it."""
-    rootfs = tmp_path / "rootfs"
-    rootfs.mkdir()
-    args = ["--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), *bad]
-    result = _run(impl, *args)
+    """Anything but the exact form gpuhook-runtime writes is not run by C: Python refuses it."""
+    rootfs = _rootfs(tmp_path)
+    result = _run(impl, "--ldconfig", str(fake.path), "--rootfs", str(rootfs), *bad)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("gpuhook hook update-ldcache: ")
-    assert not (tmp_path / "record").exists()
+    assert fake.runs() == []
 
 
 @IMPLS
-def test_legacy_form_finds_the_rootfs_through_the_oci_state(
-    impl: list[str], fake_ldconfig: Path, tmp_path: Path
+def test_the_legacy_form_finds_the_rootfs_through_the_oci_state(
+    impl: list[str], fake: Fake, tmp_path: Path
 ) -> None:
     """A spec written before --rootfs existed still works (the dispatcher hands it to Python)."""
     bundle = tmp_path / "bundle"
-    (bundle / "rootfs").mkdir(parents=True)
+    rootfs = _rootfs(bundle)
     (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}}))
     state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "bundle": str(bundle)})
-    result = _run(impl, "--ldconfig", str(fake_ldconfig), "--folder", FOLDER, stdin=state)
+    result = _run(impl, "--ldconfig", str(fake.path), "--folder", FOLDER, stdin=state)
     assert (result.returncode, result.stderr) == (0, "")
-    assert _record(fake_ldconfig)["argv"] == ["-X", "-r", str(bundle / "rootfs"), FOLDER]
+    assert [r["argv"] for r in fake.runs()] == [FOLDER_RUN, [*FULL, str(rootfs), FOLDER]]
 
 
-def test_shim_writes_the_rootfs_form() -> None:
-    """The hook gpuhook-runtime writes names the rootfs it resolved at create time."""
+# --- the spec's hook ------------------------------------------------------------------------------
+
+
+def test_the_shim_writes_the_rootfs_form_run_by_the_static_dispatcher() -> None:
+    """The hook gpuhook-runtime writes names the rootfs it resolved at create time, and the
+    static gpuhook-runtime beside hook.path's gpuhook as its program."""
     out = decide.run(
         f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"]),
-        f.config(),
+        f.config(hook__path="/opt/gpuhook/bin/gpuhook"),
         inventory_source=lambda _c: f.inventory(8),
         rootfs="/run/bundles/c1/rootfs",
     )
     hook = out.spec["hooks"]["createContainer"][0]
-    assert hook["args"][1:] == [
+    assert hook["path"] == "/opt/gpuhook/bin/gpuhook-runtime"
+    assert hook["args"] == [
+        "gpuhook-runtime",
         "hook",
         "update-ldcache",
         "--ldconfig",
@@ -254,69 +479,44 @@ def test_shim_writes_the_rootfs_form() -> None:
     assert decide.rootfs_of("/b", {}) == ""
 
 
-def test_dispatcher_is_posix_sh() -> None:
-    """The dispatcher parses with dash (Debian's /bin/sh) and with bash in POSIX mode."""
-    for shell in (["/bin/sh", "-n"], ["bash", "--posix", "-n"]):
-        assert subprocess.run([*shell, str(DISPATCHER)], check=False).returncode == 0
-    assert os.access(DISPATCHER, os.X_OK)
-
-
-def test_sh_dispatcher_hands_a_failed_run_to_python_which_logs_it(
-    fake_ldconfig: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("hook_path", "level", "program", "with_rootfs"),
+    [
+        ("/usr/bin/gpuhook", "debug", "/usr/bin/gpuhook", False),  # Python logs every refresh
+        ("/usr/local/sbin/my-hook", "info", "/usr/local/sbin/my-hook", True),  # not gpuhook's
+    ],
+    ids=["debug-level", "another-program"],
+)
+def test_the_python_form_where_the_static_dispatcher_does_not_run_it(
+    hook_path: str, level: str, program: str, with_rootfs: bool
 ) -> None:
-    """A failing ldconfig run by the dispatcher is logged as gpuhook.runtime.hooks logs it: one
-    warning
-    event in the config's log file, bound to the container of the OCI state; ldconfig ran once."""
-    from tests.logcapture import log_lines
-
-    rootfs = tmp_path / "rootfs"
-    rootfs.mkdir()
-    (tmp_path / "rc").write_text("3")
-    state = json.dumps({"ociVersion": "1.0.2", "id": "c-fail", "bundle": "/nonexistent"})
-    result = subprocess.run(
-        [
-            *(str(DISPATCHER), "hook", "update-ldcache", "--ldconfig", str(fake_ldconfig)),
-            *("--rootfs", str(rootfs), "--folder", FOLDER),
-        ],
-        input=state,
-        capture_output=True,
-        text=True,
-        env=HOOK_ENV,
-        cwd="/tmp",
-        timeout=30,
-        check=False,
-    )
-    assert result.returncode == 0
-    assert result.stderr == (
-        f"gpuhook hook update-ldcache: {fake_ldconfig} exited with 3; "
-        "the container's ld.so.cache was not refreshed\n"
-    )
-    [event] = log_lines(tmp_path / "node" / "log" / "gpuhook.log")
-    assert (event["event"], event["level"], event["container_id"], event["exit_code"]) == (
-        "ldcache not refreshed",
-        "warning",
-        "c-fail",
-        3,
-    )
-    assert event["command"] == [str(fake_ldconfig), "-X", "-r", str(rootfs), FOLDER]
-    assert (tmp_path / "runs").read_text() == "run\n"  # Python reported it, did not run it again
-
-
-def test_at_debug_level_the_hook_runs_in_python_which_logs_every_refresh() -> None:
-    """Without --rootfs the dispatcher hands the hook to Python (which logs "ldcache refreshed")."""
     out = decide.run(
         f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"]),
-        f.config(log__level="debug"),
+        f.config(log__level=level, hook__path=hook_path),
         inventory_source=lambda _c: f.inventory(8),
         rootfs="/run/bundles/c1/rootfs",
     )
-    args = out.spec["hooks"]["createContainer"][0]["args"]
-    assert "--rootfs" not in args
-    assert args[5:7] == ["--folder", FOLDER]
+    hook = out.spec["hooks"]["createContainer"][0]
+    assert (hook["path"], hook["args"][:3]) == (
+        program,
+        [os.path.basename(program), "hook", "update-ldcache"],
+    )
+    assert ("--rootfs" in hook["args"]) == with_rootfs
+
+
+def test_the_runtime_hands_any_other_hook_call_to_python(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [str(RUNTIME), "hook", "no-such-verb"], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 2
+    assert out.stderr == "gpuhook hook: unknown verb; known: update-ldcache\n"
+
+
+# --- the driver's links ---------------------------------------------------------------------------
 
 
 def _links_rootfs(tmp_path: Path) -> Path:
-    rootfs = tmp_path / "rootfs"
+    rootfs = _rootfs(tmp_path)
     (rootfs / FOLDER.lstrip("/") / "gbm").mkdir(parents=True)
     return rootfs
 
@@ -331,23 +531,23 @@ LINKS = [
 
 @IMPLS
 def test_links_are_made_in_the_rootfs_before_ldconfig(
-    impl: list[str], fake_ldconfig: Path, tmp_path: Path
+    impl: list[str], fake: Fake, tmp_path: Path
 ) -> None:
     rootfs = _links_rootfs(tmp_path)
-    args = ["--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), "--folder", FOLDER]
+    (rootfs / "etc").rmdir()
+    args = ["--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER]
     for _ in range(2):  # a second run finds the links made and leaves them
         result = _run(impl, *args, *LINKS)
         assert (result.returncode, result.stderr) == (0, "")
         lib = rootfs / FOLDER.lstrip("/")
         assert os.readlink(lib / "libcuda.so") == "libcuda.so.1"
         assert os.readlink(lib / "gbm" / "nvidia-drm_gbm.so") == "../libnvidia-allocator.so.1"
-    assert _record(fake_ldconfig)["argv"] == ["-X", "-r", str(rootfs), FOLDER]
-    assert (rootfs / "etc").is_dir()  # made, so that ldconfig can write the cache
+    assert (rootfs / "etc").is_dir()  # made, so that the cache can be written
 
 
 @IMPLS
 def test_a_link_folder_behind_an_image_link_is_resolved_inside_the_rootfs(
-    impl: list[str], fake_ldconfig: Path, tmp_path: Path
+    impl: list[str], fake: Fake, tmp_path: Path
 ) -> None:
     """The image's /usr/local is an absolute link to a host folder that has gpuhook/lib: the
     link is made in the rootfs's own copy of that path (as runc mounted the tmpfs there), never
@@ -359,7 +559,7 @@ def test_a_link_folder_behind_an_image_link_is_resolved_inside_the_rootfs(
     inside.mkdir(parents=True)
     (rootfs / "usr").mkdir()
     (rootfs / "usr" / "local").symlink_to(host)
-    result = _run(impl, "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), *LINKS[:2])
+    result = _run(impl, "--ldconfig", str(fake.path), "--rootfs", str(rootfs), *LINKS[:2])
     assert (result.returncode, result.stderr) == (0, "")
     assert list((host / "gpuhook" / "lib").iterdir()) == []
     assert os.readlink(inside / "libcuda.so") == "libcuda.so.1"
@@ -367,19 +567,21 @@ def test_a_link_folder_behind_an_image_link_is_resolved_inside_the_rootfs(
 
 @IMPLS
 def test_an_existing_file_is_not_replaced_by_a_link(
-    impl: list[str], fake_ldconfig: Path, tmp_path: Path
+    impl: list[str], fake: Fake, tmp_path: Path
 ) -> None:
     rootfs = _links_rootfs(tmp_path)
     taken = rootfs / FOLDER.lstrip("/") / "libcuda.so"
     taken.write_text("the image's own\n")
-    result = _run(impl, "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), *LINKS)
+    fake.folder_cache.write_bytes(ldcache.serialize(FOLDER_CACHE))
+    args = ["--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER]
+    result = _run(impl, *args, *LINKS)
     assert result.returncode == 0
     assert result.stderr == (
         f"gpuhook hook update-ldcache: link {FOLDER}/libcuda.so: exists and is not a link "
         "not made\n"
     )
     assert taken.read_text() == "the image's own\n"
-    assert (tmp_path / "record").exists()  # ldconfig still ran
+    assert [r["argv"] for r in fake.runs()] == [FOLDER_RUN]  # the cache was still updated
 
 
 @IMPLS
@@ -387,13 +589,13 @@ def test_an_existing_file_is_not_replaced_by_a_link(
     "bad", ["lib/libcuda.so=libcuda.so.1", "/a/../b=x", "/a/b=/etc/passwd", "/a/b", "/a/b="]
 )
 def test_malformed_links_are_refused(
-    impl: list[str], bad: str, fake_ldconfig: Path, tmp_path: Path
+    impl: list[str], bad: str, fake: Fake, tmp_path: Path
 ) -> None:
     rootfs = _links_rootfs(tmp_path)
-    result = _run(impl, "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), "--link", bad)
+    result = _run(impl, "--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--link", bad)
     assert result.returncode == 2, result.stderr
     assert result.stderr == f"gpuhook hook update-ldcache: invalid --link {bad!r} (LINK=TARGET)\n"
-    assert not (tmp_path / "record").exists()
+    assert fake.runs() == []
 
 
 @IMPLS
@@ -403,21 +605,22 @@ def test_malformed_links_are_refused(
     ids=["older-host", "geforce", "newer-host"],
 )
 def test_the_cdi_form_decides_forward_compatibility_in_the_hook(
-    impl: list[str], compat: str, first: bool, fake_ldconfig: Path, tmp_path: Path
+    impl: list[str], compat: str, first: bool, fake: Fake, tmp_path: Path
 ) -> None:
     from tests import driverimages
 
     rootfs = _links_rootfs(tmp_path)
     driverimages.install_compat(rootfs, "570.124.06", None)
-    args = ["--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), "--folder", FOLDER]
+    args = ["--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER]
     result = _run(impl, *args, "--cuda-compat", compat)
     assert (result.returncode, result.stderr) == (0, "")
-    folders = _record(fake_ldconfig)["argv"][3:]
+    # no folder cache: the full run shows the folders in their order
+    folders = fake.runs()[-1]["argv"][3:]  # type: ignore[index]
     assert folders == (["/usr/local/cuda-12.8/compat", FOLDER] if first else [FOLDER])
 
 
-def test_sh_dispatcher_makes_the_links_without_python(
-    fake_ldconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_the_static_dispatcher_runs_the_hook_without_python(
+    fake: Fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Python, at debug level, would log "ldcache refreshed": the dispatcher's run logs nothing;
     a link folder behind an image link is handed to Python (which logs)."""
@@ -426,18 +629,19 @@ def test_sh_dispatcher_makes_the_links_without_python(
     config = paper_node(tmp_path / "debug", log={"level": "debug", "file": str(tmp_path / "log")})
     monkeypatch.setitem(HOOK_ENV, "GPUHOOK_CONFIG", str(config))
     rootfs = _links_rootfs(tmp_path)
-    result = _run(
-        [str(DISPATCHER)], "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), *LINKS
-    )
+    fake.folder_cache.write_bytes(ldcache.serialize(FOLDER_CACHE))
+    args = ["--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER]
+    result = _run([str(RUNTIME)], *args, *LINKS)
     assert (result.returncode, result.stderr) == (0, "")
     assert os.readlink(rootfs / FOLDER.lstrip("/") / "libcuda.so") == "libcuda.so.1"
     assert not (tmp_path / "log").exists()
     (rootfs / "usr" / "local" / "gpuhook").rename(rootfs / "real")
     (rootfs / "usr" / "local" / "gpuhook").symlink_to("/real")
     (rootfs / "real" / "lib" / "libcuda.so").unlink()
-    result = _run(
-        [str(DISPATCHER)], "--ldconfig", str(fake_ldconfig), "--rootfs", str(rootfs), *LINKS
-    )
+    result = _run([str(RUNTIME)], *args, *LINKS)
     assert (result.returncode, result.stderr) == (0, "")
     assert os.readlink(rootfs / "real" / "lib" / "libcuda.so") == "libcuda.so.1"
-    assert [e["event"] for e in log_lines(tmp_path / "log")] == ["ldcache refreshed"]
+    assert [e["event"] for e in log_lines(tmp_path / "log")] == [
+        "ldcache: the full ldconfig run",  # the folder is behind the image's link now
+        "ldcache refreshed",
+    ]

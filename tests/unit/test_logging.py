@@ -173,6 +173,7 @@ def test_the_debug_switch_in_the_cli(tmp_path: Path) -> None:
 def test_the_debug_switch_in_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = paper_node(tmp_path)
     bundle = bundle_of(tmp_path / "b", {"root": {"path": "rootfs"}})
+    (bundle / "rootfs" / "lib").mkdir(parents=True)
     state = json.dumps({"ociVersion": "1.0.2", "id": "c-hook", "bundle": str(bundle)})
     monkeypatch.setenv("GPUHOOK_CONFIG", str(config))
     monkeypatch.chdir(tmp_path)  # the hook changes to /; this puts the test's cwd back after
@@ -180,7 +181,7 @@ def test_the_debug_switch_in_the_hook(tmp_path: Path, monkeypatch: pytest.Monkey
     def hook(ldconfig: str) -> list[dict[str, Any]]:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(state.encode())))
         with captured() as events:
-            assert hooks.main(["update-ldcache", "--ldconfig", ldconfig]) == 0
+            assert hooks.main(["update-ldcache", "--ldconfig", ldconfig, "--folder", "/lib"]) == 0
         return events
 
     assert hook("/bin/true") == []
@@ -191,13 +192,15 @@ def test_the_debug_switch_in_the_hook(tmp_path: Path, monkeypatch: pytest.Monkey
         1,
     )
     monkeypatch.setenv("GPUHOOK_DEBUG", "1")
-    [done] = hook("/bin/true")
-    assert (done["event"], done["container_id"], done["hook"]) == (
+    [full, done] = hook("/bin/true")  # /bin/true writes no cache for the merge: the full run
+    assert (full["event"], done["event"], done["container_id"], done["hook"]) == (
+        "ldcache: the full ldconfig run",
         "ldcache refreshed",
         "c-hook",
         "update-ldcache",
     )
-    assert done["command"] == ["/bin/true", "-X", "-r", str(bundle / "rootfs")]
+    assert done["command"] == ["/bin/true", "-X", "-r", str(bundle / "rootfs"), "/lib"]
+    assert done["how"] == "full"
 
 
 def test_hooks_get_the_config_and_debug_switch_and_nothing_else(

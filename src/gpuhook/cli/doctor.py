@@ -492,22 +492,32 @@ def check_runtime_service(node: Node) -> Result:
 
 @register("hook")
 def check_hook(node: Node) -> Result:
+    from gpuhook.pipeline.inject import ldcache_program
+
     config = node.need_config()
-    for key, path in (("hook.path", config.hook_path), ("hook.ldconfig", config.ldconfig)):
-        if not config_mod.which(path):  # both absolute paths
+    runtime = ldcache_program(config, True)
+    beside = f"gpuhook-runtime beside hook.path ({config.hook_path_source})"
+    for key, path in (
+        ("hook.path", config.hook_path),
+        (beside, runtime),
+        ("hook.ldconfig", config.ldconfig),
+    ):
+        if not config_mod.which(path):  # all absolute paths
             return Result(
                 "hook",
                 FAIL,
                 f"{key} {path} is not an executable: GPU containers fail to start"
                 + (f" ({config.hook_path_source})" if key == "hook.path" else ""),
-                f"install it there or set {key} in {config.source}",
+                f"install it there or set hook.{'ldconfig' if 'ldconfig' in key else 'path'} "
+                f"in {config.source}",
             )
-    return Result(
-        "hook",
-        PASS,
-        f"{config.hook_path} hook update-ldcache ({config.hook_path_source}), "
-        f"with {config.ldconfig}",
-    )
+    runs = f"{config.hook_path} hook update-ldcache ({config.hook_path_source})"
+    if runtime != config.hook_path:
+        runs = (
+            f"{runtime} hook update-ldcache (the containers gpuhook-runtime creates); "
+            f"{runs} for CDI specs and log level debug"
+        )
+    return Result("hook", PASS, f"{runs}, with {config.ldconfig}")
 
 
 def _engine_result(node: Node, engine: str) -> Result:

@@ -29,6 +29,11 @@ Strings are decoded as UTF-8 with ``surrogateescape``: that is how Python decode
 path that is not valid UTF-8 can still be opened. Every offset is bounds-checked; on any malformed
 input :func:`parse` raises :class:`LdCacheError` (a :class:`ValueError`) and nothing else.
 
+:func:`serialize` writes the new format (no extension section), and :func:`libcmp` is the order
+of the keys in a cache, as the dynamic loader's binary search expects it: gpuhook's ldcache hook
+adds the injected libraries' entries to an image's own cache with them
+(:mod:`gpuhook.runtime.ldmerge`; the static dispatcher's C hook writes the same bytes).
+
 This module is imported on the hot path: only :mod:`struct` and :mod:`sys` at runtime.
 """
 
@@ -39,7 +44,23 @@ import sys
 
 from gpuhook.model.frozen import Frozen, _init
 
-__all__ = ["HWCAP_EXTENSION", "CacheEntry", "LdCacheError", "arch_of", "parse", "read"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = [
+    "HWCAP_EXTENSION",
+    "CacheEntry",
+    "LdCacheError",
+    "arch_of",
+    "libcmp",
+    "new_section",
+    "parse",
+    "parse_new",
+    "plain_key",
+    "read",
+    "serialize",
+]
 
 OLD_MAGIC = b"ld.so-1.7.0"
 NEW_MAGIC = b"glibc-ld.so.cache"
@@ -99,17 +120,25 @@ def arch_of(flags: int) -> str:
 
 
 class CacheEntry(Frozen):
-    """One cache entry: ``key`` is the soname, ``value`` the path the loader would open."""
+    """One cache entry: ``key`` is the soname, ``value`` the path the loader would open;
+    ``osversion`` the minimum kernel version of its ELF note (new format only)."""
 
-    __slots__ = ("arch", "flags", "hwcap", "key", "value")
+    __slots__ = ("arch", "flags", "hwcap", "key", "osversion", "value")
     key: str
     value: str
     flags: int
     arch: str
     hwcap: int
+    osversion: int
 
     def __init__(
-        self, key: str, value: str, flags: int, arch: str | None = None, hwcap: int = 0
+        self,
+        key: str,
+        value: str,
+        flags: int,
+        arch: str | None = None,
+        hwcap: int = 0,
+        osversion: int = 0,
     ) -> None:
         _init(
             self,
@@ -118,6 +147,7 @@ class CacheEntry(Frozen):
             flags=flags,
             arch=arch_of(flags) if arch is None else arch,
             hwcap=hwcap,
+            osversion=osversion,
         )
 
 
@@ -174,11 +204,37 @@ def _parse_new(data: bytes, base: int) -> tuple[CacheEntry, ...]:
         )
     string = _Strings(data, base)
     return tuple(
-        CacheEntry(string(key), string(value), flags, None, hwcap)
-        for flags, key, value, _osversion, hwcap in struct.iter_unpack(
+        CacheEntry(string(key), string(value), flags, None, hwcap, osversion)
+        for flags, key, value, osversion, hwcap in struct.iter_unpack(
             order + "iIIIQ", data[first:end]
         )
     )
+
+
+def _hidden_new(data: bytes, end: int) -> int | None:
+    """The offset of the new-format section hidden at the start of an old-format string table
+    that ends its entries at ``end`` ("ldconfig -c compat"), aligned for struct cache_file_new:
+    8 bytes on most ABIs, 4 on some (i386); None without one."""
+    for base in (end + (-end % 8), end):
+        if data.startswith(NEW_MAGIC + NEW_VERSION, base):
+            return base
+    return None
+
+
+def new_section(data: bytes) -> int | None:
+    """Where the new-format header of a cache starts (0, or inside a compat cache), and only
+    when its byte order is this machine's (or unmarked); None for anything else (old format
+    only, the other byte order, not a cache). What the loader reads of a cache is this part."""
+    base: int | None = 0
+    if not data.startswith(NEW_MAGIC + NEW_VERSION):
+        if not data.startswith(OLD_MAGIC) or len(data) < _OLD_HEADER:
+            return None
+        (nlibs,) = struct.unpack_from(_NATIVE + "I", data, 12)
+        end = _OLD_HEADER + nlibs * _OLD_ENTRY
+        base = _hidden_new(data, end) if end <= len(data) else None
+    if base is None or len(data) < base + _NEW_HEADER:
+        return None
+    return base if data[base + 28] & 3 in (0, 2 if _NATIVE == "<" else 3) else None
 
 
 def _parse_old(data: bytes) -> tuple[CacheEntry, ...]:
@@ -201,11 +257,9 @@ def _parse_old(data: bytes) -> tuple[CacheEntry, ...]:
             )
         order, nlibs = swapped, other
     end = _OLD_HEADER + nlibs * _OLD_ENTRY
-    # A new-format section hidden at the start of the string table ("ldconfig -c compat"),
-    # aligned for struct cache_file_new: 8 bytes on most ABIs, 4 on some (i386).
-    for base in (end + (-end % 8), end):
-        if data.startswith(NEW_MAGIC + NEW_VERSION, base):
-            return _parse_new(data, base)
+    base = _hidden_new(data, end)
+    if base is not None:
+        return _parse_new(data, base)
     string = _Strings(data, end)
     return tuple(
         CacheEntry(string(key), string(value), flags)
@@ -230,8 +284,89 @@ def parse(data: bytes) -> tuple[CacheEntry, ...]:
     raise LdCacheError(f"bad magic {data[:20]!r}: not an ld.so.cache")
 
 
+def parse_new(data: bytes) -> tuple[CacheEntry, ...]:
+    """The entries of the new-format section alone (:func:`new_section`), what the loader of
+    a glibc >= 2.2 reads. Raises :class:`LdCacheError` when there is none in this machine's byte
+    order, or when it is malformed."""
+    base = new_section(data)
+    if base is None:
+        raise LdCacheError("no new-format section in this machine's byte order")
+    return _parse_new(data, base)
+
+
 def read(path: str) -> tuple[CacheEntry, ...]:
     """Parse the cache file at ``path``. :class:`OSError` propagates."""
     with open(path, "rb") as f:
         data = f.read()
     return parse(data)
+
+
+def libcmp(a: str, b: str) -> int:
+    """The loader's order of two keys (glibc ``_dl_cache_libcmp``): > 0 when ``a`` sorts after
+    ``b``, runs of digits compared as numbers. A cache lists its keys from the greatest down.
+    Meant for ASCII keys whose digit runs fit in 9 digits (what :func:`plain_key` accepts):
+    beyond that the loader's own arithmetic overflows."""
+    i = j = 0
+    while i < len(a):
+        if _digit(a, i):
+            if not _digit(b, j):
+                return 1
+            i2, j2 = _digits_end(a, i), _digits_end(b, j)
+            diff = int(a[i:i2]) - int(b[j:j2])
+            if diff:
+                return diff
+            i, j = i2, j2
+        elif _digit(b, j):
+            return -1
+        elif j >= len(b) or a[i] != b[j]:
+            return ord(a[i]) - (ord(b[j]) if j < len(b) else 0)
+        else:
+            i, j = i + 1, j + 1
+    return -ord(b[j]) if j < len(b) else 0
+
+
+def _digit(text: str, at: int) -> bool:
+    return at < len(text) and "0" <= text[at] <= "9"
+
+
+def _digits_end(text: str, start: int) -> int:
+    end = start
+    while _digit(text, end):
+        end += 1
+    return end
+
+
+def plain_key(key: str) -> bool:
+    """An ASCII key without a run of more than 9 digits: one :func:`libcmp` orders as the
+    loader does on every architecture."""
+    if not key.isascii():
+        return False
+    run = 0
+    for ch in key:
+        run = run + 1 if "0" <= ch <= "9" else 0
+        if run > 9:
+            return False
+    return True
+
+
+def serialize(entries: Sequence[CacheEntry]) -> bytes:
+    """A new-format cache listing ``entries`` in that order: the 48-byte header (this machine's
+    byte order, no extension section), the entries, then each entry's key and value as
+    NUL-terminated strings, in entry order. :func:`parse` gives the same entries back."""
+    order = _NATIVE
+    strings = bytearray()
+    table = bytearray()
+    base = _NEW_HEADER + _NEW_ENTRY * len(entries)
+    for e in entries:
+        key = e.key.encode("utf-8", "surrogateescape")
+        value = e.value.encode("utf-8", "surrogateescape")
+        key_at = base + len(strings)
+        strings += key + b"\0"
+        table += struct.pack(
+            order + "iIIIQ", e.flags, key_at, base + len(strings), e.osversion, e.hwcap
+        )
+        strings += value + b"\0"
+    endian = 2 if order == "<" else 3
+    header = NEW_MAGIC + NEW_VERSION
+    header += struct.pack(order + "IIB3xI3I", len(entries), len(strings), endian, 0, 0, 0, 0)
+    return bytes(header + table + strings)

@@ -32,7 +32,12 @@ if TYPE_CHECKING:
 
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 HOOK_TIMEOUT_S = 30
+HOOK_COMMAND = "hook"  # `gpuhook hook VERB`, `gpuhook-runtime hook VERB`
 LDCACHE_VERB = "update-ldcache"
+# The hook's programs: the gpuhook CLI (hook.path), and the static dispatcher installed beside
+# it, which runs the hook's --rootfs form itself (no shell, no Python).
+CLI_PROGRAM = "gpuhook"
+RUNTIME_PROGRAM = "gpuhook-runtime"
 
 
 class MissingDevice(Exception):
@@ -137,18 +142,15 @@ def ldcache_hook(
     """gpuhook's createContainer hook that makes the driver's ``links`` (``LINK=TARGET``) and
     refreshes the container's ld.so.cache over ``folders`` (in that order: the first wins).
     ``cuda_compat`` (``DRIVER_VERSION:BRANDS``): the hook decides about the image's forward
-    compatibility libraries itself (the CDI spec, written before any image is known)."""
-    path = config.hook_path
-    args = [
-        path.rsplit("/", 1)[-1],
-        "hook",
-        LDCACHE_VERB,
-        "--ldconfig",
-        config.ldconfig,
-    ]
-    if rootfs and config.log_level != "debug":
-        # The installed `gpuhook` dispatcher runs this form without Python; at debug level
-        # the hook runs in Python, which logs every refresh.
+    compatibility libraries itself (the CDI spec, written before any image is known).
+
+    With the container's ``rootfs`` (except at log level debug, where the hook runs in Python,
+    which logs every refresh) the hook's program is the static gpuhook-runtime installed beside
+    ``hook.path``'s gpuhook: it runs that form without a shell or Python."""
+    with_rootfs = bool(rootfs) and config.log_level != "debug"
+    path = ldcache_program(config, with_rootfs)
+    args = [path.rsplit("/", 1)[-1], HOOK_COMMAND, LDCACHE_VERB, "--ldconfig", config.ldconfig]
+    if with_rootfs:
         args += ["--rootfs", rootfs]
     for folder in folders:
         args += ["--folder", folder]
@@ -158,6 +160,15 @@ def ldcache_hook(
         args += ["--cuda-compat", cuda_compat]
     env = HOOK_ENV + config.propagated_env
     return Hook("createContainer", path, tuple(args), env, HOOK_TIMEOUT_S)
+
+
+def ldcache_program(config: Config, with_rootfs: bool) -> str:
+    """The ldcache hook's program: for the form with ``--rootfs``, the gpuhook-runtime beside
+    ``hook.path`` when that is gpuhook's CLI (the static dispatcher runs that form itself; a pip
+    install's gpuhook-runtime hands it to Python); else ``hook.path``."""
+    path = config.hook_path
+    folder, _, name = path.rpartition("/")
+    return f"{folder}/{RUNTIME_PROGRAM}" if with_rootfs and name == CLI_PROGRAM else path
 
 
 def without_present(
@@ -214,7 +225,7 @@ def _spec_nodes(spec: Mapping[str, Any]) -> set[tuple[Any, Any, Any]]:
 
 
 def _is_ldcache_hook(args: Any) -> bool:
-    return isinstance(args, (list, tuple)) and tuple(args[1:3]) == ("hook", LDCACHE_VERB)
+    return isinstance(args, (list, tuple)) and tuple(args[1:3]) == (HOOK_COMMAND, LDCACHE_VERB)
 
 
 def _has_ldcache_hook(spec: Mapping[str, Any]) -> bool:

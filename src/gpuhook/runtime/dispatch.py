@@ -9,28 +9,36 @@ the runc argv grammar (:mod:`gpuhook.runtime.runc_argv`), the GPU markers
 (:mod:`gpuhook.markers`), the cache trust rule and the pointer's place (:mod:`gpuhook.config`),
 the exec-env markers' folder, the runtime service's wire constants
 (:mod:`gpuhook.runtime.service`), exit codes (:mod:`gpuhook.errors`) and the ``hook
-update-ldcache`` bounds (:mod:`gpuhook.runtime.hooks`). A template naming anything else fails
-the build.
+update-ldcache`` steps and bounds (:mod:`gpuhook.runtime.hooks`, :mod:`gpuhook.runtime.ldmerge`,
+:mod:`gpuhook.inventory.ldcache`). A template naming anything else fails the build.
 
-``gpuhook.in`` (the CLI and hook dispatcher) is POSIX sh; the interpreter and package folder are
-written into it. ``gpuhook-runtime.c.in`` is C, compiled here (``$CC``, default ``cc``,
-statically linked: the node installer copies it to hosts with any C library); its interpreter
-command is not compiled in but written into a marked region of the binary by :func:`relocate`,
-which ``gpuhook node install`` uses again for its copy.
+``gpuhook.in`` (the CLI dispatcher) is POSIX sh; the interpreter and package folder are written
+into it. ``gpuhook-runtime.c.in`` is C, with ``gpuhook-ldcache.c.in`` (the ldcache hook the
+dispatcher runs itself) rendered into it, compiled here (``$CC``, default ``cc``, statically
+linked: the node installer copies it to hosts with any C library); its interpreter command is
+not compiled in but written into a marked region of the binary by :func:`relocate`, which
+``gpuhook node install`` uses again for its copy.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from gpuhook import config, errors, markers
 from gpuhook.fsutil import atomic_write
+from gpuhook.inventory import ldcache
+from gpuhook.pipeline import inject
 from gpuhook.records import execenv, ids
-from gpuhook.runtime import hooks, ocispec, runc_argv, service
+from gpuhook.runtime import hooks, ldmerge, ocispec, runc_argv, service
 
 # The size of the compiled dispatcher's region that holds the interpreter command after
 # config.DISPATCHER_MARK (see relocate).
 RELOCATION_SIZE = 4096
+# The ldcache hook's C, rendered into gpuhook-runtime.c.in where @LDCACHE_HOOK@ stands (the
+# source tree's packaging folder: the dispatcher is compiled at build time only).
+_SRC_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HOOK_TEMPLATE = os.path.join(os.path.dirname(_SRC_ROOT), "packaging", "gpuhook-ldcache.c.in")
 
 
 def _names(pairs: list[str]) -> list[str]:
@@ -72,12 +80,6 @@ def substitutions(python: str, pkgdir: str) -> dict[str, str]:
         "PYTHON": python,
         "PKGDIR": pkgdir,
         "CLI_ENTRY": config.CLI_ENTRY,
-        "LDCACHE_FLAGS": "|".join(_names(list(hooks.UPDATE_LDCACHE_FLAGS))),
-        "LDCONFIG_ENV": " ".join(f"{k}={v}" for k, v in hooks.SAFE_ENV.items()),
-        "LDCONFIG_TIMEOUT": str(int(hooks.LDCONFIG_TIMEOUT_S)),
-        "LDCONFIG_TIMEOUT_MAX": str(hooks.LDCONFIG_TIMEOUT_MAX_S),
-        "LDCONFIG_HEAP_KB": str(hooks.LDCONFIG_DATA_LIMIT >> 10),
-        "LDCONFIG_CPU_S": str(hooks.LDCONFIG_CPU_S),
     }
 
 
@@ -130,6 +132,30 @@ def c_substitutions() -> dict[str, str]:
         "EXIT_NO_RUNTIME": str(errors.RuntimeNotFoundError.exit_code),
         "RELOCATION_SIZE": str(RELOCATION_SIZE),
         "RELOCATION_MARK": _c_string(config.DISPATCHER_MARK),
+        "CMD_HOOK": _c_string(runc_argv.HOOK),
+    }
+
+
+def hook_substitutions() -> dict[str, str]:
+    """For the ldcache hook's C (gpuhook-ldcache.c.in)."""
+    return {
+        "LDCACHE_FLAGS": _c_list(_names(list(hooks.UPDATE_LDCACHE_FLAGS))),
+        "LDCONFIG_ENV": _c_list([f"{k}={v}" for k, v in hooks.SAFE_ENV.items()]),
+        "LDCACHE_FOLDER_FLAGS": _c_list(list(ldmerge.FOLDER_FLAGS)),
+        "LDCACHE_VERB": _c_string(inject.LDCACHE_VERB),
+        "LDCACHE_OUTCOME_FLAG": _c_string(hooks.OUTCOME_FLAG),
+        "LDCACHE_DIR": _c_string(ldmerge.CACHE_DIR),
+        "LDCACHE_NAME": _c_string(ldmerge.CACHE_NAME),
+        "LDCACHE_TEMP": _c_string(ldmerge.CACHE_TEMP),
+        "LDCACHE_FOLDER_CACHE": _c_string(ldmerge.FOLDER_CACHE),
+        "LDCACHE_NEW_MAGIC": _c_string(ldcache.NEW_MAGIC + ldcache.NEW_VERSION),
+        "LDCACHE_OLD_MAGIC": _c_string(ldcache.OLD_MAGIC),
+        "LDCONFIG_TIMEOUT": str(int(hooks.LDCONFIG_TIMEOUT_S)),
+        "LDCONFIG_TIMEOUT_MAX": str(hooks.LDCONFIG_TIMEOUT_MAX_S),
+        "LDCONFIG_DATA_LIMIT": str(hooks.LDCONFIG_DATA_LIMIT),
+        "LDCONFIG_CPU_S": str(hooks.LDCONFIG_CPU_S),
+        "LDCACHE_MAX_BYTES": str(ldmerge.MAX_CACHE_BYTES),
+        "LDCACHE_HWCAP_EXTENSION": str(ldcache.HWCAP_EXTENSION),
     }
 
 
@@ -148,9 +174,14 @@ def render(template: str, python: str, pkgdir: str) -> str:
     return _fill(template, substitutions(python, pkgdir))
 
 
-def render_c(template: str) -> str:
-    """The C template's source (no interpreter in it: see :func:`relocate`)."""
-    return _fill(template, c_substitutions())
+def render_c(template: str, hook_template: str | None = None) -> str:
+    """The C template's source, the ldcache hook's rendered into it (``hook_template``: its text,
+    by default :data:`HOOK_TEMPLATE`'s). No interpreter in it: see :func:`relocate`."""
+    if hook_template is None:
+        with open(HOOK_TEMPLATE, encoding="utf-8") as fh:
+            hook_template = fh.read()
+    hook = _fill(hook_template, hook_substitutions())
+    return _fill(template, {**c_substitutions(), "LDCACHE_HOOK": hook})
 
 
 def python_command(python: str, pkgdir: str) -> list[str]:
@@ -187,7 +218,6 @@ def command_of(binary: bytes) -> list[str]:
 
 def compile_c(source: str, output: str, command: list[str]) -> None:
     """Compile the rendered C dispatcher and write it, relocated, to ``output`` (atomically)."""
-    import os
     import subprocess
     import tempfile
 

@@ -3,14 +3,17 @@
 Run by the OCI runtime as a hook, with the explicit minimal environment gpuhook put in the spec,
 never the container's. Standard library only: this runs on every GPU container's creation.
 
-``update-ldcache``: refresh the container's ``/etc/ld.so.cache`` so the injected libraries
-resolve by soname. It runs the host's ldconfig with ``-r <rootfs>``: ldconfig chroots into the
-rootfs before it reads or writes anything, so the image's symlinks (``/etc``, ``/etc/ld.so.conf.d``,
-the cache itself) resolve inside the container and can never reach a host path. ``-X`` leaves
-the image's own library symlinks alone; the injected sonames are bind mounts already. The
-``--folder`` folders come first in the cache, in their order (ldconfig keeps the first entry of
-a soname), ahead of whatever the image's ``ld.so.conf`` lists, which may be missing altogether
-(a distroless image); a rootfs without even ``/etc`` gets one, so that the cache can be written.
+``update-ldcache``: add the injected libraries to the container's ``/etc/ld.so.cache`` so they
+resolve by soname, first. The host's ldconfig runs on each injected folder alone and its entries
+are merged into the image's own cache, which is otherwise kept as it is
+(:mod:`gpuhook.runtime.ldmerge`): the cost does not grow with the image's libraries. Where that
+cannot be done exactly, the hook runs ``ldconfig -X -r <rootfs> <folders>`` as it always did:
+ldconfig chroots into the rootfs before it reads or writes anything, so the image's symlinks
+(``/etc``, ``/etc/ld.so.conf.d``, the cache itself) resolve inside the container and can never
+reach a host path. Either way ``-X`` leaves the image's library symlinks alone (the injected
+sonames are bind mounts already), and the ``--folder`` folders come first, in their order (the
+loader takes the first entry of a soname), ahead of the image's own. A rootfs without even
+``/etc`` gets one, so that the cache can be written.
 
 Before that it makes the driver's links (``--link LINK=TARGET``: ``libcuda.so -> libcuda.so.1``
 in gpuhook's library folder, the GLX indirect and GBM backend links) inside the rootfs, each
@@ -19,17 +22,20 @@ folder resolved in the rootfs (:mod:`gpuhook.runtime.imagefs`), so ldconfig list
 known) it also decides whether the image's CUDA forward compatibility folder goes first
 (:mod:`gpuhook.pipeline.compat`), reading the image the same way.
 
-What ldconfig reads is the image's (``/etc/ld.so.conf`` and what it includes), so it runs
-bounded: at most ``LDCONFIG_DATA_LIMIT`` of heap (an ``ld.so.conf`` that is a link to
-``/dev/zero`` is one endless line), ``LDCONFIG_CPU_S`` of CPU, and ``--timeout`` seconds of wall
-time (a FIFO blocks its reader forever), well inside the hook's own timeout in the spec. Past a
-bound it is killed and the container starts with the image's own cache, with a warning.
+What ldconfig reads may be the image's (``/etc/ld.so.conf`` and what it includes, an image
+folder), so every ldconfig run is bounded: at most ``LDCONFIG_DATA_LIMIT`` of heap (an
+``ld.so.conf`` that is a link to ``/dev/zero`` is one endless line), ``LDCONFIG_CPU_S`` of CPU,
+and ``--timeout`` seconds of wall time for all of them together (a FIFO blocks its reader
+forever), well inside the hook's own timeout in the spec. Past a bound it is killed and the
+container starts with the image's own cache, with a warning.
 
-gpuhook-runtime writes the hook with ``--rootfs`` (resolved at create time), a form the installed
-``gpuhook`` POSIX sh dispatcher runs itself, with the same environment, bounds and messages, so
-a GPU container's start pays for no Python here; this implementation serves every other form
-(and logs for the dispatcher what its ldconfig did when that failed: ``--outcome CODE|timeout``
-reports an ldconfig run that already happened, and runs nothing).
+gpuhook-runtime writes the hook with ``--rootfs`` (resolved at create time) as
+``gpuhook-runtime hook update-ldcache ...``: the static dispatcher runs that form itself
+(``packaging/gpuhook-ldcache.c.in``, the same steps, environment, bounds and messages), so a GPU
+container's start pays for no shell and no Python here. It hands this implementation whatever it
+does not do itself: any other form, a link folder behind a link of the image, and the record of
+a failed ldconfig (``--outcome CODE|timeout`` reports a run that already happened, and runs
+nothing).
 """
 
 from __future__ import annotations
@@ -51,29 +57,38 @@ LDCONFIG_CPU_S = 10
 LDCONFIG_DATA_LIMIT = 256 << 20  # RLIMIT_DATA: heap; read-only maps of big libraries do not count
 LDCONFIG_TIMEOUT_MAX_S = 3600
 # update-ldcache's flags, each with a value. These bounds and flags are rendered into the
-# installed ``gpuhook`` dispatcher's sh fast path (gpuhook.runtime.dispatch): one table. Python
-# alone takes CUDA_COMPAT_FLAG (the dispatcher hands a hook with it here).
+# static dispatcher's C hook (gpuhook.runtime.dispatch): one table. Python alone takes
+# CUDA_COMPAT_FLAG and OUTCOME_FLAG (the dispatcher hands a hook with them here).
 UPDATE_LDCACHE_FLAGS = ("--folder", "--ldconfig", "--link", "--rootfs", "--timeout")
 CUDA_COMPAT_FLAG = "--cuda-compat"
+OUTCOME_FLAG = "--outcome"
 
 
 class Plan:
-    """What update-ldcache does: ``links`` (link, target) first, then ``command`` within
-    ``timeout`` seconds; ``cuda_compat``: the ``--cuda-compat`` value ("" for none)."""
+    """What update-ldcache does: ``links`` (link, target) first, then the cache of ``rootfs``
+    with ``folders`` first, its ldconfig runs within ``timeout`` seconds; ``cuda_compat``: the
+    ``--cuda-compat`` value ("" for none)."""
 
     def __init__(
         self,
-        command: list[str],
-        timeout: float,
+        ldconfig: str,
         rootfs: str,
+        folders: list[str],
+        timeout: float,
         links: list[tuple[str, str]],
         cuda_compat: str,
     ) -> None:
-        self.command = command
-        self.timeout = timeout
+        self.ldconfig = ldconfig
         self.rootfs = rootfs
+        self.folders = folders
+        self.timeout = timeout
         self.links = links
         self.cuda_compat = cuda_compat
+
+    @property
+    def command(self) -> list[str]:
+        """The full run: ldconfig rebuilding the whole cache, chrooted into the rootfs."""
+        return [self.ldconfig, "-X", "-r", self.rootfs, *self.folders]
 
 
 def update_ldcache(argv: list[str], stdin: bytes) -> Plan:
@@ -117,7 +132,7 @@ def update_ldcache(argv: list[str], stdin: bytes) -> Plan:
             f"hook update-ldcache: ldconfig {ldconfig} is not executable "
             "(hook.ldconfig in the gpuhook config)"
         )
-    return Plan([ldconfig, "-X", "-r", rootfs, *folders], timeout, rootfs, links, compat)
+    return Plan(ldconfig, rootfs, folders, timeout, links, compat)
 
 
 def _link_arg(text: str) -> tuple[str, str]:
@@ -164,7 +179,7 @@ def prepare(plan: Plan) -> tuple[list[str], str]:
         return warnings, ""
     choice = compat.choose(lib, parsed[0], parsed[1])
     if choice.folder:
-        plan.command.insert(plan.command.index("-r") + 2, choice.folder)
+        plan.folders.insert(0, choice.folder)
     return warnings, f"{choice.note.what}: {choice.note.why}"
 
 
@@ -204,8 +219,63 @@ def _seconds(text: str) -> float:
 VERBS: dict[str, Callable[[list[str], bytes], Plan]] = {"update-ldcache": update_ldcache}
 
 
-def run_bounded(command: list[str], timeout: float) -> int | None:
-    """Run ``command`` with the explicit SAFE_ENV, cwd ``/``, and the resource limits above.
+def refresh(plan: Plan, logger: Logger | None = None) -> tuple[int | None, str]:
+    """Update the container's cache (:mod:`gpuhook.runtime.ldmerge`), else the full run; all
+    ldconfig runs within ``plan.timeout``. Returns (0, or the failed full run's exit code, None
+    when it ran past its time; how: "merged" or "full")."""
+    import time
+
+    deadline = time.monotonic() + plan.timeout
+    why = _merged(plan, deadline)
+    if not why:
+        return 0, "merged"
+    if logger is not None:
+        logger.debug("ldcache: the full ldconfig run", reason=why)
+    return run_bounded(plan.command, deadline - time.monotonic()), "full"
+
+
+def _merged(plan: Plan, deadline: float) -> str:
+    """Merge the injected folders' entries into the image's cache; "" when done, else why not
+    (the full run does it then)."""
+    import time
+
+    from gpuhook.runtime import imagefs, ldmerge
+
+    try:
+        root_fd = imagefs.open_root(plan.rootfs)
+    except OSError as exc:
+        return f"{plan.rootfs}: {exc.strerror}"
+    try:
+        image = ldmerge.image_entries(root_fd)
+        injected = []
+        for folder in plan.folders:
+            try:
+                fd = imagefs.open_strict(root_fd, folder)
+            except FileNotFoundError:
+                continue  # as ldconfig skips a folder that is not there
+            try:
+                command = ldmerge.folder_command(plan.ldconfig)
+                code = run_bounded(command, deadline - time.monotonic(), fd)
+                if code != 0:
+                    return f"ldconfig on {folder}: " + ("timeout" if code is None else str(code))
+                injected += ldmerge.folder_entries(fd, folder)
+            finally:
+                os.close(fd)
+        merged = ldmerge.merge(injected, image)
+        if merged:
+            ldmerge.write(root_fd, merged)
+        return ""
+    except ldmerge.Unmergeable as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{exc.filename or plan.rootfs}: {exc.strerror}"
+    finally:
+        os.close(root_fd)
+
+
+def run_bounded(command: list[str], timeout: float, cwd_fd: int | None = None) -> int | None:
+    """Run ``command`` with the explicit SAFE_ENV, cwd ``/`` (or the folder ``cwd_fd``), and the
+    resource limits above.
 
     Returns its exit code (negative: killed by that signal), or None when it outlived ``timeout``
     and was killed.
@@ -215,7 +285,10 @@ def run_bounded(command: list[str], timeout: float) -> int | None:
         try:
             import resource
 
-            os.chdir("/")
+            if cwd_fd is None:
+                os.chdir("/")
+            else:
+                os.fchdir(cwd_fd)
             resource.setrlimit(resource.RLIMIT_DATA, (LDCONFIG_DATA_LIMIT, LDCONFIG_DATA_LIMIT))
             resource.setrlimit(resource.RLIMIT_CPU, (LDCONFIG_CPU_S, LDCONFIG_CPU_S))
             os.execve(command[0], command, SAFE_ENV)
@@ -248,7 +321,7 @@ def _wait_until(pid: int, timeout: float) -> bool:
             time.sleep(0.01)
         return False
     try:
-        ready, _, _ = select.select([pidfd], [], [], timeout)
+        ready, _, _ = select.select([pidfd], [], [], max(timeout, 0.0))
         return bool(ready)
     finally:
         os.close(pidfd)
@@ -267,12 +340,15 @@ def main(argv: list[str]) -> int:
         logger = _logger(argv[0], stdin)
         args, outcome = _outcome(argv[1:])
         plan = VERBS[argv[0]](args, stdin)
-        command, timeout = plan.command, plan.timeout
         started = time.monotonic()
         os.chdir("/")
+        how = "full"
         if outcome == "":  # else the dispatcher made the links and ran ldconfig already
             _prepare(plan, logger)
-        code = run_bounded(command, timeout) if outcome == "" else _reported(outcome)
+            code, how = refresh(plan, logger)
+        else:
+            code = _reported(outcome)
+        command, timeout = plan.command, plan.timeout
         elapsed_ms = round((time.monotonic() - started) * 1000, 1)
         if code != 0:
             # The image may lack /etc or ship no ld.so.conf (a scratch image has no dynamic
@@ -286,7 +362,7 @@ def main(argv: list[str]) -> int:
             if logger is not None:
                 logger.warning("ldcache not refreshed", command=command, exit_code=code)
         elif logger is not None:
-            logger.debug("ldcache refreshed", command=command, elapsed_ms=elapsed_ms)
+            logger.debug("ldcache refreshed", command=command, how=how, elapsed_ms=elapsed_ms)
         return 0
     except Exception as exc:
         code, message = describe(exc)
@@ -309,19 +385,19 @@ def _prepare(plan: Plan, logger: Logger | None) -> None:
 
 def _outcome(argv: list[str]) -> tuple[list[str], str]:
     """``argv`` without a trailing ``--outcome VALUE``, and VALUE ("" when absent)."""
-    if len(argv) >= 2 and argv[-2] == "--outcome":
+    if len(argv) >= 2 and argv[-2] == OUTCOME_FLAG:
         return argv[:-2], argv[-1]
     return argv, ""
 
 
 def _reported(outcome: str) -> int | None:
-    """The exit code the sh dispatcher's ldconfig run ended with (None: it ran past its time)."""
+    """The exit code the dispatcher's ldconfig run ended with (None: it ran past its time)."""
     if outcome == "timeout":
         return None
     try:
         return int(outcome)
     except ValueError:
-        raise UsageError(f"hook update-ldcache: invalid --outcome {outcome!r}") from None
+        raise UsageError(f"hook update-ldcache: invalid {OUTCOME_FLAG} {outcome!r}") from None
 
 
 def _logger(verb: str, stdin: bytes) -> Logger | None:

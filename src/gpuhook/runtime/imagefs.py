@@ -9,7 +9,9 @@ reached, even if the image swaps a folder for a link meanwhile (the ``O_NOFOLLOW
 
 Used on the container-create path (stdlib only: :mod:`os`, :mod:`stat`): whether the image
 ships CUDA forward compatibility libraries (:func:`compat_library`), and by the ldcache hook to
-make the driver's links in gpuhook's library folders (:func:`make_links`).
+make the driver's links in gpuhook's library folders (:func:`make_links`) and to read and replace
+the image's ld.so.cache (:func:`open_strict`, :func:`read_regular`: folders reached without any
+link at all, regular files only).
 """
 
 from __future__ import annotations
@@ -172,3 +174,42 @@ def _link(dir_fd: int, name: str, target: str) -> str:
         return "" if current == target else f"exists, a link to {current}"
     except OSError as exc:
         return exc.strerror or str(exc)
+
+
+def open_strict(root_fd: int, path: str) -> int:
+    """The folder at ``path`` inside the rootfs ``root_fd``, reached without any symbolic link
+    (each component opened with ``O_NOFOLLOW``): the path is exactly that folder of the rootfs.
+    Raises OSError: ELOOP or ENOTDIR for a link or a file on the way, ENOENT..."""
+    fd = os.dup(root_fd)
+    try:
+        for part in (p for p in path.split("/") if p not in ("", ".")):
+            if part == "..":
+                raise OSError(errno.EINVAL, "'..' in a path", path)
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(dir_fd: int, name: str, limit: int) -> bytes | None:
+    """The bytes of the regular file ``name`` in the folder ``dir_fd``, None when there is none.
+    Only a regular file is opened (never through a link, never a FIFO or a device node of the
+    image). Raises OSError, and ValueError for anything else or more than ``limit`` bytes."""
+    try:
+        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(before.st_mode):
+        raise ValueError(f"{name} is not a regular file")
+    fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+            raise ValueError(f"{name} was replaced while it was read")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{name} is larger than {limit} bytes")
+    return data

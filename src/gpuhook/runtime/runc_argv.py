@@ -80,6 +80,11 @@ LOG_FLAG = "log"
 LOG_FORMAT_FLAG = "log-format"
 LOG_FORMAT_JSON = "json"  # --log-format json: logrus JSON lines (else text)
 PROCESS_FLAGS = frozenset({"process", "p"})
+# gpuhook-runtime's own command, not runc's (runc has none of that name): `gpuhook-runtime hook
+# VERB ...` runs one of gpuhook's OCI hooks (gpuhook.runtime.hooks; the static dispatcher runs
+# the ldcache hook's plain form itself). The spec's hook args come from
+# gpuhook.pipeline.inject.HOOK_COMMAND; a unit test holds the two equal.
+HOOK = "hook"
 
 # What the shim does with a call (:func:`route`).
 CREATE = "create"  # decide on <bundle>/config.json, then exec the runtime

@@ -46,7 +46,12 @@ NOTE = "no GPU marker in config.json (the spec was not parsed)"
 def main(argv: list[str], execute: Execute | None = None, caller: int = 0) -> int:
     """Run one call (``argv[0]`` is not used); returns an exit code when it does not exec the
     runtime. ``execute`` replaces :func:`os.execv` for the runtime's exec; ``caller``: the pid
-    of the process that will run the runtime (this one when 0)."""
+    of the process that will run the runtime (this one when 0). ``gpuhook-runtime hook VERB``
+    runs that OCI hook of gpuhook's (:mod:`gpuhook.runtime.hooks`)."""
+    if argv[1:2] == [runc_argv.HOOK]:
+        from gpuhook.runtime import hooks
+
+        return hooks.main(argv[2:])
     args = runc_argv.parse(argv[1:])
     how = runc_argv.route(args, argv[1:])
     if how == runc_argv.CREATE:
