@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuhook import config as config_mod
-from gpuhook.config import Config
+from gpuhook.config import loading as config_loading
+from gpuhook.config.types import Config
 from gpuhook.model.inventory import DeviceNode, Gpu, HostFile, Inventory, Library, MigDevice
 from gpuhook.pipeline.request import PRIVILEGED_CAPS
 
@@ -126,7 +126,7 @@ def inventory(
 
 
 def config(**overrides: Any) -> Config:
-    data = config_mod._merge(config_mod.DEFAULTS, {})
+    data = config_loading._merge(config_loading.DEFAULTS, {})
     data["cdi"]["spec_dirs"] = []  # never the host's CDI folders (cdi__spec_dirs to set some)
     for dotted, value in overrides.items():
         node = data

@@ -27,10 +27,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuhook import config as config_mod
 from gpuhook import markers
+from gpuhook.config import cache as config_cache
 from gpuhook.records import execenv
-from gpuhook.runtime import dispatch, runc_argv, service
+from gpuhook.runtime import dispatch, locate, runc_argv, service
 from tests import runc_grammar
 
 pytestmark = pytest.mark.root
@@ -66,13 +66,14 @@ class Node:
             dispatch.render_c(template), str(self.dispatcher), [str(root / "python")]
         )
         self.socket = ""
-        self.pointer = Path(config_mod.cache_dir_for(str(self.config))) / config_mod.POINTER_NAME
+        cache_dir = Path(config_cache.cache_dir_for(str(self.config)))
+        self.pointer = cache_dir / config_cache.POINTER_NAME
         self.pointer.parent.mkdir(parents=True, exist_ok=True)
         self.write_pointer()
 
     def write_pointer(self, level: str = "info") -> None:
         self.pointer.write_text(f"{self.root / 'runtime'}\n{self.state}\n{level}\n{self.socket}\n")
-        self.pointer.chmod(config_mod.POINTER_MODE)
+        self.pointer.chmod(config_cache.POINTER_MODE)
 
     def run(self, argv: list[str], cwd: Path, **env: str) -> str:
         return self.call(argv, cwd, **env).stdout.strip()
@@ -225,7 +226,7 @@ def test_a_marked_delete_killed_by_a_signal_exits_128_plus_the_signal_on_both_pa
     marker.write_text('{"root": "", "set": [], "unset": []}')
     cfg = tmp_path / "config.yaml"
     cfg.write_text(f"state_dir: {state}\nruntime:\n  path: {runtime}\n  service: ''\n")
-    entry = REPO / "src" / "gpuhook" / config_mod.SHIM_ENTRY
+    entry = REPO / "src" / "gpuhook" / locate.SHIM_ENTRY
     dispatcher = tmp_path / "gpuhook-runtime"
     template = (REPO / "packaging" / "gpuhook-runtime.c.in").read_text()
     dispatch.compile_c(
@@ -245,7 +246,7 @@ HOWS = ["control", "root-0600", "symlink", "owner", "chmod-664", "chmod-646", "f
 
 @pytest.mark.parametrize("how", HOWS)
 def test_pointer_trust_is_the_python_rule(node: Node, how: str) -> None:
-    """The dispatcher acts on the pointer only when gpuhook.config.trusted_file trusts it (a
+    """The dispatcher acts on the pointer only when gpuhook.config.cache.trusted_file trusts it (a
     regular file, not a link, owned by root or this user, writable by no one else)."""
     cwd = node.root / "cwd"
     cwd.mkdir(exist_ok=True)
@@ -253,7 +254,7 @@ def test_pointer_trust_is_the_python_rule(node: Node, how: str) -> None:
     real = node.pointer.with_name("real")
     if how == "symlink":
         real.write_text(node.pointer.read_text())
-        real.chmod(config_mod.POINTER_MODE)
+        real.chmod(config_cache.POINTER_MODE)
         node.pointer.unlink()
         node.pointer.symlink_to(real)
     elif how == "owner":
@@ -266,7 +267,7 @@ def test_pointer_trust_is_the_python_rule(node: Node, how: str) -> None:
     elif how != "control":
         node.pointer.chmod(0o664 if how == "chmod-664" else 0o646)
     st = os.lstat(node.pointer)
-    trusted = config_mod.trusted_file(st)
+    trusted = config_cache.trusted_file(st)
     try:
         assert node.run(["state", "c1"], cwd) == ("runtime" if trusted else "python")
         assert trusted == (how in ("control", "root-0600"))

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import testbed
 
-from gpuhook import config as config_mod
+from gpuhook.config import loading as config_loading
 from gpuhook.records import execenv, writer
 from gpuhook.runtime import dispatch, service
 from tests import factories as f
@@ -708,7 +708,7 @@ def test_the_dispatcher_hands_gpu_creates_to_the_service_and_starts_no_interpret
     the interpreter (and fails here); a dispatcher with a real one decides it without a service."""
     sock = socket_folder / "svc" / "runtime.sock"
     env = case_env(node, tmp_path / "cfg", case, runtime={"service": str(sock)})
-    config_mod.load(env["GPUHOOK_CONFIG"])  # the cache and pointer, as any gpuhook call writes
+    config_loading.load(env["GPUHOOK_CONFIG"])  # the cache and pointer, as any gpuhook call writes
     svc = runtime_service(env, socket=sock)
     missing = tmp_path / "no-python"
     runtime = str(relocated_dispatcher(tmp_path / "none", [str(missing)]))

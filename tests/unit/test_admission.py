@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuhook import config as config_mod
+from gpuhook.config.types import Config
 from gpuhook.errors import MpsError, RequestError
 from gpuhook.mps import admission
 from gpuhook.mps.admission import Reservation
@@ -151,7 +151,7 @@ def test_reservation_of_a_record_and_of_an_older_one() -> None:
 
 def test_live_reads_the_records_of_the_plans_group(tmp_path: Path, runtime: str) -> None:
     config = f.config(state_dir=str(tmp_path / "state"), mps__gpus=[0], mps__replicas=2)
-    config = config_mod.Config("(test)", config.data, runtime)
+    config = Config("(test)", config.data, runtime)
     p = plan(replicas=2)
 
     def write(cid: str, group: str = "gpu0", uuid: str = UUIDS[0]) -> None:

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gpuhook import _fastjson, markers
-from gpuhook import config as config_mod
+from gpuhook.config import loading as config_loading
 from gpuhook.errors import CheckpointError, ConfigError, GpuhookError, InventoryError, describe
 from gpuhook.inventory import store
 from gpuhook.pipeline import apply, kubelet, request
@@ -536,7 +536,7 @@ YAML_SNIPPETS = [
 
 def _load_config(raw: bytes) -> None:
     try:
-        config_mod.validate_data("/c.yaml", config_mod.parse_yaml("/c.yaml", raw))
+        config_loading.validate_data("/c.yaml", config_loading.parse_yaml("/c.yaml", raw))
     except ConfigError as exc:
         one_line(exc)
         assert str(exc).startswith("invalid config /c.yaml: ")

@@ -30,7 +30,7 @@ def _allowed(package: str) -> set[str]:
 
 
 def _owner(module: str) -> str:
-    """'gpuhook.pipeline.policy' -> 'pipeline'; 'gpuhook.config' -> top-level."""
+    """'gpuhook.pipeline.policy' -> 'pipeline'; 'gpuhook.errors' -> top-level."""
     parts = module.split(".")
     if len(parts) >= 2 and parts[1] in SUBPACKAGES:
         return parts[1]
@@ -108,8 +108,20 @@ def test_the_check_catches_a_wrong_import(tmp_path: Path) -> None:
     assert _granted(_allowed("runtime"), "gpuhook.pipeline.policy")
     assert _granted(_allowed("pipeline"), "gpuhook.inventory.catalog")
     assert not _granted(_allowed("pipeline"), "gpuhook.inventory.store")
+    assert _granted(_allowed("runtime"), "gpuhook.config.loading")
     bad.write_text("def f():\n    from ..runtime import shim\n")
     assert _relative_imports(tmp_path) == ["bad.py:2"]
+
+
+def test_the_pure_core_imports_config_values_and_no_config_io() -> None:
+    """pipeline/ and model/ may read the config's types and size units, never its loading, its
+    /run cache or the runtime lookup (docs/architecture.md, "Data flows one way")."""
+    pure = _allowed("pipeline")
+    assert _granted(pure, "gpuhook.config.types") and _granted(pure, "gpuhook.config.units")
+    for io_module in ("loading", "cache"):
+        assert not _granted(pure, f"gpuhook.config.{io_module}")
+    assert not _granted(pure, "gpuhook.runtime.locate")
+    assert not _granted(_allowed("model"), "gpuhook.config.types")
 
 
 def _long_functions(root: Path) -> list[str]:

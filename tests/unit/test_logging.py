@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import testbed
 
-from gpuhook import config as config_mod
 from gpuhook import log
+from gpuhook.config import loading as config_loading
 from gpuhook.runtime import decide, hooks, shim
 from tests import factories as f
 from tests.logcapture import Exec, captured, fake_execv, log_lines, paper_node
@@ -209,7 +209,7 @@ def test_hooks_get_the_config_and_debug_switch_and_nothing_else(
     spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=1", "LD_PRELOAD=/evil.so", "GPUHOOK_DEBUG=1"])
 
     def hook_env() -> tuple[str, ...]:
-        cfg = config_mod.load(str(path), use_cache=False)
+        cfg = config_loading.load(str(path), use_cache=False)
         out = decide.run(spec, cfg, inventory_source=lambda _c: f.inventory())
         return out.edits.hooks[0].env
 

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from gpuhook import fsutil
-from gpuhook.config import Config
+from gpuhook.config.types import Config
 from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
 from gpuhook.model.decision import Request
 from gpuhook.pipeline import flow, request

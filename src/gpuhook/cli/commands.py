@@ -12,18 +12,20 @@ import sys
 import click
 
 from gpuhook import __version__, log
-from gpuhook import config as config_mod
 from gpuhook.cli.render import FORMATS, to_json, to_yaml
+from gpuhook.config import loading as config_loading
+from gpuhook.config.types import ENV_DEBUG
 from gpuhook.engines import readers
 from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH, unified_diff
 from gpuhook.errors import CdiError, RecordNotFoundError, UsageError, describe
+from gpuhook.runtime import locate
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.inventory import Inventory
 
 
@@ -38,8 +40,8 @@ class Context:
         ``structlog`` is False: the runtime service keeps the shim's own writer)."""
         if self._config is None:
             if self.debug:
-                os.environ[config_mod.ENV_DEBUG] = "1"
-            self._config = config_mod.load(self.config_file)
+                os.environ[ENV_DEBUG] = "1"
+            self._config = config_loading.load(self.config_file)
             log.configure(self._config.log_level, self._config.log_file, prefer_structlog=structlog)
             ctx = click.get_current_context(silent=True)
             log.get_logger().debug(
@@ -107,7 +109,7 @@ def config_group() -> None:
 @pass_ctx
 def config_validate(obj: Context, path: str | None, show: bool) -> None:
     """Check a config file (default: the one in use) against the schema."""
-    config = config_mod.load(path or obj.config_file, use_cache=False)
+    config = config_loading.load(path or obj.config_file, use_cache=False)
     if show:
         click.echo(to_yaml(config.data), nl=False)
     runtime = config.runtime or "NOT FOUND"
@@ -392,7 +394,7 @@ def runtime_configure(
         set_default=set_as_default,
         drop_in=drop_in,
     )
-    if not config_mod.which(runtime_path):  # an absolute path (configure.plan checked)
+    if not locate.which(runtime_path):  # an absolute path (configure.plan checked)
         click.echo(
             f"warning: {runtime_path} is not an executable file here; {engine} cannot start "
             f"containers through runtime {runtime_name} until it is",
@@ -907,7 +909,7 @@ def run(argv: list[str]) -> int:
             return int(exc.code or 0) if not isinstance(exc.code, str) else 1
         code, message = describe(exc)
         click.echo(f"gpuhook: {message}", err=True)
-        if code == 70 and os.environ.get(config_mod.ENV_DEBUG):
+        if code == 70 and os.environ.get(ENV_DEBUG):
             import traceback
 
             traceback.print_exc()

@@ -13,16 +13,17 @@ from __future__ import annotations
 import os
 import time
 
-from gpuhook import config as config_mod
+from gpuhook.config import loading as config_loading
 from gpuhook.engines import readers
 from gpuhook.errors import ConfigError
+from gpuhook.runtime import locate
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.inventory.store import Status
     from gpuhook.model.inventory import Inventory
 
@@ -81,7 +82,7 @@ class Node:
         self.config: Config | None = None
         self.config_error: ConfigError | None = None
         try:
-            self.config = config_mod.load(config_file, use_cache=False)
+            self.config = config_loading.load(config_file, use_cache=False)
         except ConfigError as exc:
             self.config_error = exc
         self._status: Status | None = None
@@ -179,7 +180,7 @@ def check_config(node: Node) -> Result:
         )
     config = node.need_config()
     if not config.source.startswith("/"):
-        path, _ = config_mod.config_path(node.config_file)
+        path, _ = config_loading.config_path(node.config_file)
         return Result("config", PASS, f"no config file at {path}: every key takes its default")
     return Result("config", PASS, f"{config.source} is valid")
 
@@ -494,7 +495,7 @@ def check_runtime_service(node: Node) -> Result:
 def check_hook(node: Node) -> Result:
     config = node.need_config()
     for key, path in (("hook.path", config.hook_path), ("hook.ldconfig", config.ldconfig)):
-        if not config_mod.which(path):  # both absolute paths
+        if not locate.which(path):  # both absolute paths
             return Result(
                 "hook",
                 FAIL,
@@ -517,7 +518,7 @@ def _engine_result(node: Node, engine: str) -> Result:
         configure += f", then: systemctl restart {readers.SERVICE[engine]}"
     daemon = readers.DAEMON[engine]
     if not reg.exists:
-        if config_mod.which(daemon):
+        if locate.which(daemon):
             return Result(
                 engine,
                 WARN,
@@ -650,7 +651,7 @@ def check_engine_cdi(node: Node) -> list[Result]:
     results = []
     for engine in readers.ENGINES:  # those that resolve CDI themselves: reg.cdi
         reg = node.engine(engine)
-        if reg.error or not reg.cdi or not (reg.exists or config_mod.which(readers.DAEMON[engine])):
+        if reg.error or not reg.cdi or not (reg.exists or locate.which(readers.DAEMON[engine])):
             continue
         folders = ", ".join(reg.cdi_dirs) or "(none)"
         output = config.cdi_output

@@ -12,7 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.inventory.store import Status
     from gpuhook.model.inventory import DeviceNode, Inventory
     from gpuhook.pipeline.flow import Outcome

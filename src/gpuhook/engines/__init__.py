@@ -7,6 +7,6 @@ file side of ``gpuhook runtime configure|unconfigure`` (:mod:`.configure`), the 
 and the maintainer scripts use (:mod:`.readers`), the Debian maintainer-script checks
 (:mod:`.maintscript`), and the CDI spec that engines resolving CDI themselves read (:mod:`.cdi`).
 
-May import: gpuhook.pipeline (the CDI export reuses its edits), gpuhook.inventory, gpuhook.model,
-the top-level modules.
+May import: gpuhook.pipeline (the CDI export reuses its edits), gpuhook.inventory,
+gpuhook.config, gpuhook.model, the top-level modules.
 """

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.inventory import DeviceNode, Gpu, Inventory, MigDevice
 
 CDI_VERSION = "0.5.0"  # podman 4.3 (CDI 0.5.x) reads 0.3.0 to 0.5.0; 0.5.0 brings hostPath

@@ -41,7 +41,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.fsutil import FileLock
     from gpuhook.pipeline.sharing import MpsPlan
 

@@ -28,7 +28,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.inventory import DeviceNode, Inventory, Library
 
 RO_BIND = ("ro", "nosuid", "nodev", "bind")

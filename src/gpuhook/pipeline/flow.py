@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.decision import Decision, Request
     from gpuhook.model.edits import ContainerEdits
     from gpuhook.model.inventory import Inventory

@@ -45,7 +45,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from gpuhook.config import PolicyConfig
+    from gpuhook.config.types import PolicyConfig
     from gpuhook.model.decision import ChannelRequest, DeviceRef, KubeIdentity, Request
     from gpuhook.model.inventory import Inventory
     from gpuhook.pipeline.kubelet import Allocation

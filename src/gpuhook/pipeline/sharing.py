@@ -24,7 +24,7 @@ line.
 
 from __future__ import annotations
 
-from gpuhook.config import GIB, MIB, parse_size
+from gpuhook.config.units import GIB, MIB, parse_size
 from gpuhook.errors import ConfigError, RequestError
 from gpuhook.model.decision import KIND_GPU
 from gpuhook.model.edits import Mount
@@ -35,7 +35,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import MpsConfig
+    from gpuhook.config.types import MpsConfig
     from gpuhook.model.decision import Decision, Request
     from gpuhook.model.inventory import Gpu, Inventory
 

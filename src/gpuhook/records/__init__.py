@@ -7,5 +7,5 @@ deleted containers (:mod:`.gc`), the exec-env markers of containers whose grant 
 environment (:mod:`.execenv`), and the container-id rule both name files by, with the record
 link's name (:mod:`.ids`).
 
-May import: gpuhook.pipeline, gpuhook.model, the top-level modules.
+May import: gpuhook.pipeline, gpuhook.config, gpuhook.model, the top-level modules.
 """

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
 
     StateProbe = Callable[[str, str, str], tuple[bool | None, str]]
 

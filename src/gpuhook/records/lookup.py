@@ -22,7 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
 
 LIVE = "live"
 DELETED = "deleted"

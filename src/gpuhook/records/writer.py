@@ -22,7 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.decision import Request
     from gpuhook.pipeline.flow import Outcome
 

@@ -6,11 +6,12 @@ A build step (``make build``, the Debian package's ``debian/rules``)::
 
 Each ``@NAME@`` of a template is replaced by text made from the one table that owns the rule:
 the runc argv grammar (:mod:`gpuhook.runtime.runc_argv`), the GPU markers
-(:mod:`gpuhook.markers`), the cache trust rule and the pointer's place (:mod:`gpuhook.config`),
-the exec-env markers' folder, the runtime service's wire constants
-(:mod:`gpuhook.runtime.service`), exit codes (:mod:`gpuhook.errors`) and the ``hook
-update-ldcache`` bounds (:mod:`gpuhook.runtime.hooks`). A template naming anything else fails
-the build.
+(:mod:`gpuhook.markers`), the cache trust rule and the pointer's place
+(:mod:`gpuhook.config.cache`), the config's file and variables (:mod:`gpuhook.config.types`), the
+entry scripts and the relocation mark (:mod:`gpuhook.runtime.locate`), the exec-env markers'
+folder, the runtime service's wire constants (:mod:`gpuhook.runtime.service`), exit codes
+(:mod:`gpuhook.errors`) and the ``hook update-ldcache`` bounds (:mod:`gpuhook.runtime.hooks`). A
+template naming anything else fails the build.
 
 ``gpuhook.in`` (the CLI and hook dispatcher) is POSIX sh; the interpreter and package folder are
 written into it. ``gpuhook-runtime.c.in`` is C, compiled here (``$CC``, default ``cc``,
@@ -23,13 +24,15 @@ from __future__ import annotations
 
 import sys
 
-from gpuhook import config, errors, markers
+from gpuhook import errors, markers
+from gpuhook.config import cache as config_cache
+from gpuhook.config.types import DEFAULT_PATH, ENV_CONFIG, ENV_DEBUG
 from gpuhook.fsutil import atomic_write
 from gpuhook.records import execenv, ids
-from gpuhook.runtime import hooks, ocispec, runc_argv, service
+from gpuhook.runtime import hooks, locate, ocispec, runc_argv, service
 
 # The size of the compiled dispatcher's region that holds the interpreter command after
-# config.DISPATCHER_MARK (see relocate).
+# locate.DISPATCHER_MARK (see relocate).
 RELOCATION_SIZE = 4096
 
 
@@ -71,7 +74,7 @@ def substitutions(python: str, pkgdir: str) -> dict[str, str]:
     return {
         "PYTHON": python,
         "PKGDIR": pkgdir,
-        "CLI_ENTRY": config.CLI_ENTRY,
+        "CLI_ENTRY": locate.CLI_ENTRY,
         "LDCACHE_FLAGS": "|".join(_names(list(hooks.UPDATE_LDCACHE_FLAGS))),
         "LDCONFIG_ENV": " ".join(f"{k}={v}" for k, v in hooks.SAFE_ENV.items()),
         "LDCONFIG_TIMEOUT": str(int(hooks.LDCONFIG_TIMEOUT_S)),
@@ -105,17 +108,17 @@ def c_substitutions() -> dict[str, str]:
         "MARKERS": ", ".join(
             _c_string(m) for m in (*markers.PRECHECK_MARKERS, markers.UNICODE_ESCAPE)
         ),
-        "DEFAULT_CONFIG": _c_string(config.DEFAULT_PATH),
-        "CACHE_ROOT": _c_string(config.CACHE_ROOT),
-        "POINTER_NAME": _c_string(config.POINTER_NAME),
-        "UNTRUSTED_MODE": f"0{config.UNTRUSTED_MODE:o}",
+        "DEFAULT_CONFIG": _c_string(DEFAULT_PATH),
+        "CACHE_ROOT": _c_string(config_cache.CACHE_ROOT),
+        "POINTER_NAME": _c_string(config_cache.POINTER_NAME),
+        "UNTRUSTED_MODE": f"0{config_cache.UNTRUSTED_MODE:o}",
         "EXEC_ENV_DIR": _c_string(execenv.DIR),
         "LOG_FLAG": _c_string(f"g:{runc_argv.LOG_FLAG}"),
         "LOG_FORMAT_FLAG": _c_string(f"g:{runc_argv.LOG_FORMAT_FLAG}"),
         "PROTOCOL": _c_string(service.PROTOCOL),
-        "ENV_CONFIG": _c_string(config.ENV_CONFIG),
-        "ENV_DEBUG": _c_string(config.ENV_DEBUG),
-        "ENV_SELF": _c_string(config.ENV_SELF),
+        "ENV_CONFIG": _c_string(ENV_CONFIG),
+        "ENV_DEBUG": _c_string(ENV_DEBUG),
+        "ENV_SELF": _c_string(locate.ENV_SELF),
         "SPEC_NAME": _c_string(ocispec.CONFIG_NAME),
         "CMD_EXEC": _c_string(runc_argv.EXEC),
         "CMD_DELETE": _c_string(runc_argv.DELETE),
@@ -129,7 +132,7 @@ def c_substitutions() -> dict[str, str]:
         "EXIT_FAILURE": str(errors.GpuhookError.exit_code),
         "EXIT_NO_RUNTIME": str(errors.RuntimeNotFoundError.exit_code),
         "RELOCATION_SIZE": str(RELOCATION_SIZE),
-        "RELOCATION_MARK": _c_string(config.DISPATCHER_MARK),
+        "RELOCATION_MARK": _c_string(locate.DISPATCHER_MARK),
     }
 
 
@@ -155,13 +158,13 @@ def render_c(template: str) -> str:
 
 def python_command(python: str, pkgdir: str) -> list[str]:
     """The command the dispatcher starts the shim with (argv[1:] follow)."""
-    return [*python.split(" "), "-I", "-S", f"{pkgdir}/gpuhook/{config.SHIM_ENTRY}"]
+    return [*python.split(" "), "-I", "-S", f"{pkgdir}/gpuhook/{locate.SHIM_ENTRY}"]
 
 
 def relocate(binary: bytes, command: list[str]) -> bytes:
     """The compiled dispatcher with ``command`` as its interpreter command (NUL-terminated words
     and an empty word after the mark, the rest of the region zero)."""
-    head = config.DISPATCHER_MARK + b"\0"
+    head = locate.DISPATCHER_MARK + b"\0"
     at = binary.find(head)
     if at < 0 or binary.find(head, at + 1) >= 0:
         raise ValueError("not a gpuhook-runtime dispatcher (its interpreter region is not there)")
@@ -177,7 +180,7 @@ def relocate(binary: bytes, command: list[str]) -> bytes:
 
 def command_of(binary: bytes) -> list[str]:
     """The interpreter command written into a compiled dispatcher ([] when none)."""
-    head = config.DISPATCHER_MARK + b"\0"
+    head = locate.DISPATCHER_MARK + b"\0"
     at = binary.find(head)
     if at < 0:
         raise ValueError("not a gpuhook-runtime dispatcher (its interpreter region is not there)")

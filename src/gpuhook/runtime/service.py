@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuhook import config
+from gpuhook.runtime import locate
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ POOL = 4  # forked workers waiting for a call (each serves one; the parent forks
 # and the standard library modules the shim imports inside functions.
 # tests/integration/test_runtime_service.py checks it against what the shim imports as a process.
 PRELOAD_PACKAGES = (
+    "gpuhook.config",
     "gpuhook.runtime",
     "gpuhook.pipeline",
     "gpuhook.records",
@@ -75,11 +76,11 @@ PRELOAD_PACKAGES = (
     "gpuhook.model",
 )
 # Top-level modules that run as scripts (never imported ahead of time).
-ENTRY_SCRIPTS = frozenset({"__main__", *(n.removesuffix(".py") for n in config.ENTRY_SCRIPTS)})
+ENTRY_SCRIPTS = frozenset({"__main__", *(n.removesuffix(".py") for n in locate.ENTRY_SCRIPTS)})
 PRELOAD_STDLIB = ("subprocess",)
-# sys.argv[0] of the shim as the dispatcher starts it (config.running_program reads it)
+# sys.argv[0] of the shim as the dispatcher starts it (locate.running_program reads it)
 SHIM_ENTRY = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), config.SHIM_ENTRY
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), locate.SHIM_ENTRY
 )
 
 

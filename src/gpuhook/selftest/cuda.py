@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from gpuhook import config as config_mod
 from gpuhook.model.frozen import Frozen, _init
+from gpuhook.runtime import locate
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,12 +41,12 @@ class Program(Frozen):
 
 def find_nvcc() -> str:
     """nvcc on PATH (and the system folders), in $CUDA_HOME/bin, else in /usr/local/cuda/bin."""
-    found = config_mod.which("nvcc")
+    found = locate.which("nvcc")
     if found:
         return found
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or ""
     for candidate in ((os.path.join(home, "bin", "nvcc"),) if home else ()) + NVCC_FALLBACKS:
-        if config_mod.which(candidate):
+        if locate.which(candidate):
             return candidate
     return ""
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from gpuhook import config as config_mod
 from gpuhook.errors import GpuhookError
+from gpuhook.runtime import locate
 from gpuhook.selftest import checks, lifecycle, report, rootfs
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result
 from gpuhook.selftest.session import (
@@ -22,7 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.inventory import Inventory
     from gpuhook.selftest.session import Options
 
@@ -165,7 +165,7 @@ def bundle_line(session: Session) -> Result:
         programs.append(session.cuda.path)
         files[rootfs.CUDA_PROGRAM] = session.cuda.path
     dest = os.path.join(session.work_dir, "rootfs")
-    busybox = config_mod.which("busybox")
+    busybox = locate.which("busybox")
     if inventory is None:
         raise RuntimeError("bundle_line needs the inventory")
     try:

@@ -18,10 +18,11 @@ import signal
 import tempfile
 import time
 
-from gpuhook import config as config_mod
+from gpuhook.config.types import ENV_CONFIG
 from gpuhook.errors import GpuhookError
 from gpuhook.model.frozen import Frozen, _init
 from gpuhook.records import execenv
+from gpuhook.runtime import locate
 from gpuhook.selftest import bundle, lifecycle, rootfs
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result, Timing
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.inventory import Inventory
     from gpuhook.selftest.bundle import Seen
     from gpuhook.selftest.cuda import Program
@@ -99,10 +100,10 @@ def gpuhook_runtime(given: str) -> str:
     same installation: /usr/bin, /opt/gpuhook/bin, a virtualenv), else the one on PATH."""
     if given:
         return os.path.abspath(given)
-    program = config_mod.running_program()
+    program = locate.running_program()
     if program:
         return os.path.join(os.path.dirname(program), "gpuhook-runtime")
-    return config_mod.which("gpuhook-runtime") or "/usr/bin/gpuhook-runtime"
+    return locate.which("gpuhook-runtime") or "/usr/bin/gpuhook-runtime"
 
 
 def work_parent(config: Config) -> str | None:
@@ -121,9 +122,9 @@ class Session:
         self.options = options
         self.work_dir = tempfile.mkdtemp(prefix=f"{ID_PREFIX}-", dir=work_parent(config))
         self.root = os.path.join(self.work_dir, "root")
-        env = {k: v for k, v in os.environ.items() if k != config_mod.ENV_SELF}
+        env = {k: v for k, v in os.environ.items() if k != locate.ENV_SELF}
         if config.source.startswith("/"):
-            env[config_mod.ENV_CONFIG] = config.source
+            env[ENV_CONFIG] = config.source
         self.env = env
         self.gpuhook = lifecycle.Runtime(gpuhook_runtime(options.runtime), self.root, env)
         self.runc = lifecycle.Runtime(config.runtime, self.root, env) if config.runtime else None
