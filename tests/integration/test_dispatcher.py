@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from gpuhook import markers
 from gpuhook.config import cache as config_cache
 from gpuhook.records import execenv
-from gpuhook.runtime import dispatch, locate, runc_argv, service
+from gpuhook.runtime import dispatch, locate, runc_argv, wire
 from tests import runc_grammar
 
 pytestmark = pytest.mark.root
@@ -302,7 +302,7 @@ class FakeService:
         except OSError:  # closed by the test: no call came
             return
         with conn:
-            data, fds, _, _ = socket.recv_fds(conn, service.MAX_REQUEST, 8)
+            data, fds, _, _ = socket.recv_fds(conn, wire.MAX_REQUEST, 8)
             self.words = [w.decode() for w in data.split(b"\0")[:-1]]
             self.fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in fds]
             for fd in fds:
@@ -326,9 +326,9 @@ def served(node: Node) -> Iterator[Node]:
 
 
 ANSWERS = {
-    "exec": (service.EXEC + b"{runtime}", 0, "runtime"),
-    "exit": (service.EXIT + b"7", 7, ""),
-    "decline": (service.DECLINE + b"another mount namespace", 0, "python"),
+    "exec": (wire.EXEC + b"{runtime}", 0, "runtime"),
+    "exit": (wire.EXIT + b"7", 7, ""),
+    "decline": (wire.DECLINE + b"another mount namespace", 0, "python"),
 }
 
 
@@ -349,14 +349,14 @@ def test_a_marked_create_is_offered_to_the_service(served: Node, answer: bytes) 
         fake.close()
     assert (done.returncode, done.stdout.strip()) == (code, took)
     words = fake.words
-    assert words[:3] == [service.PROTOCOL.decode(), "5", str(node.dispatcher)]
+    assert words[:3] == [wire.PROTOCOL.decode(), "5", str(node.dispatcher)]
     assert words[3:7] == ["--log", str(cwd / "log.json"), "create", "c1"]
     env = words[8 : 8 + int(words[7])]
     assert len(words) == 8 + int(words[7])
     assert f"GPUHOOK_SELF={node.dispatcher}" in env and "KEEP=x y" in env
     assert f"GPUHOOK_CONFIG={node.config}" in env
     assert fake.fds[0] == "/dev/null" and fake.fds[3] == str(cwd)
-    assert len(fake.fds) == service.FDS
+    assert len(fake.fds) == wire.FDS
 
 
 def test_a_service_that_ends_the_call_without_an_answer_fails_it(served: Node) -> None:
@@ -396,7 +396,7 @@ def test_without_a_listening_service_python_decides(served: Node) -> None:
     finally:
         Path(node.socket).unlink()
     (cwd / "config.json").write_bytes(NO_MARKER)
-    fake = FakeService(Path(node.socket), service.EXIT + b"9")
+    fake = FakeService(Path(node.socket), wire.EXIT + b"9")
     try:
         assert node.run(["create", "c1"], cwd) == "runtime"
     finally:

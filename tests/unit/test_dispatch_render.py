@@ -13,7 +13,7 @@ import pytest
 
 from gpuhook import markers
 from gpuhook.config import cache as config_cache
-from gpuhook.runtime import dispatch, hooks, locate, runc_argv, service
+from gpuhook.runtime import dispatch, hooks, locate, runc_argv, wire
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_the_runtime_dispatcher_carries_the_tables() -> None:
         for flag in table:
             assert f'"{scope}:{flag}"' in text, (scope, flag)
     assert f"#define UNTRUSTED_MODE 0{config_cache.UNTRUSTED_MODE:o}" in text
-    assert f'PROTOCOL[] = "{service.PROTOCOL.decode()}"' in text
+    assert f'PROTOCOL[] = "{wire.PROTOCOL.decode()}"' in text
     assert re.search("@[A-Z_]+@", text) is None
 
 

@@ -19,8 +19,8 @@ import pytest
 from gpuhook.cli import doctor
 from gpuhook.cli.commands import run
 from gpuhook.config import cache as config_cache
-from gpuhook.runtime import service, shim
-from gpuhook.runtime.service import DECLINE, EXEC, EXIT, MAX_REPLY, MAX_REQUEST, PROTOCOL
+from gpuhook.runtime import service, shim, wire
+from gpuhook.runtime.wire import DECLINE, EXEC, EXIT, MAX_REPLY, MAX_REQUEST, PROTOCOL
 from tests import factories as f
 from tests.conftest import systemd_verify
 from tests.logcapture import paper_node
@@ -47,22 +47,22 @@ def message(*fields: bytes) -> bytes:
     ],
 )
 def test_request_round_trip(argv: list[str], env: list[str]) -> None:
-    data = service.encode_request(argv, env)
+    data = wire.encode_request(argv, env)
     assert data.startswith(PROTOCOL + b"\0") and data.endswith(b"\0")
-    request = service.decode_request(data)
+    request = wire.decode_request(data)
     assert request.argv == argv
     assert request.env == dict(e.split("=", 1) for e in env)
-    assert service.encode_request([os.fsencode(a) for a in argv], env) == data  # bytes in, too
+    assert wire.encode_request([os.fsencode(a) for a in argv], env) == data  # bytes in, too
 
 
 def test_the_first_of_a_repeated_name_wins_as_for_a_process() -> None:
-    request = service.decode_request(service.encode_request(["x"], ["A=1", "B=2", "A=3"]))
+    request = wire.decode_request(wire.encode_request(["x"], ["A=1", "B=2", "A=3"]))
     assert request.env == {"A": "1", "B": "2"}
 
 
 def test_encode_refuses_a_nul_byte() -> None:
     with pytest.raises(ValueError, match="NUL"):
-        service.encode_request(["gpuhook-runtime", "a\0b"], [])
+        wire.encode_request(["gpuhook-runtime", "a\0b"], [])
 
 
 MALFORMED = [
@@ -91,28 +91,28 @@ MALFORMED = [
 
 @pytest.mark.parametrize(("data", "reason"), MALFORMED)
 def test_a_malformed_request_is_declined_with_its_reason(data: bytes, reason: str) -> None:
-    with pytest.raises(service.Declined) as info:
-        service.decode_request(data)
+    with pytest.raises(wire.Declined) as info:
+        wire.decode_request(data)
     assert reason in str(info.value)
     assert "\n" not in str(info.value)
 
 
 def test_replies_round_trip_and_are_checked() -> None:
-    assert service.decode_reply(service.encode_reply(EXEC, b"/usr/sbin/runc")) == (
+    assert wire.decode_reply(wire.encode_reply(EXEC, b"/usr/sbin/runc")) == (
         EXEC,
         b"/usr/sbin/runc",
     )
-    assert service.decode_reply(service.encode_reply(EXIT, b"70")) == (EXIT, b"70")
-    assert service.decode_reply(service.encode_reply(DECLINE, b"why")) == (DECLINE, b"why")
-    long_reason = service.encode_reply(DECLINE, b"r" * 10_000)
-    assert len(long_reason) == MAX_REPLY and service.decode_reply(long_reason)[0] == DECLINE
+    assert wire.decode_reply(wire.encode_reply(EXIT, b"70")) == (EXIT, b"70")
+    assert wire.decode_reply(wire.encode_reply(DECLINE, b"why")) == (DECLINE, b"why")
+    long_reason = wire.encode_reply(DECLINE, b"r" * 10_000)
+    assert len(long_reason) == MAX_REPLY and wire.decode_reply(long_reason)[0] == DECLINE
     with pytest.raises(ValueError, match="too long"):
-        service.encode_reply(EXEC, b"/" + b"x" * MAX_REPLY)
+        wire.encode_reply(EXEC, b"/" + b"x" * MAX_REPLY)
     with pytest.raises(ValueError, match="unknown reply kind"):
-        service.encode_reply(b"Z", b"")
+        wire.encode_reply(b"Z", b"")
     for bad in (b"", b"Xrunc", b"X/a\0b", b"R", b"R256", b"R-1", b"R1.0", b"Q/x"):
         with pytest.raises(ValueError, match="malformed reply"):
-            service.decode_reply(bad)
+            wire.decode_reply(bad)
 
 
 # --- the shim's exec seam -------------------------------------------------------------------------

@@ -9,7 +9,7 @@ the runc argv grammar (:mod:`gpuhook.runtime.runc_argv`), the GPU markers
 (:mod:`gpuhook.markers`), the cache trust rule and the pointer's place
 (:mod:`gpuhook.config.cache`), the config's file and variables (:mod:`gpuhook.config.types`), the
 entry scripts and the relocation mark (:mod:`gpuhook.runtime.locate`), the exec-env markers'
-folder, the runtime service's wire constants (:mod:`gpuhook.runtime.service`), exit codes
+folder, the runtime service's wire constants (:mod:`gpuhook.runtime.wire`), exit codes
 (:mod:`gpuhook.errors`) and the ``hook update-ldcache`` bounds (:mod:`gpuhook.runtime.hooks`). A
 template naming anything else fails the build.
 
@@ -29,7 +29,7 @@ from gpuhook.config import cache as config_cache
 from gpuhook.config.types import DEFAULT_PATH, ENV_CONFIG, ENV_DEBUG
 from gpuhook.fsutil import atomic_write
 from gpuhook.records import execenv, ids
-from gpuhook.runtime import hooks, locate, ocispec, runc_argv, service
+from gpuhook.runtime import hooks, locate, ocispec, runc_argv, wire
 
 # The size of the compiled dispatcher's region that holds the interpreter command after
 # locate.DISPATCHER_MARK (see relocate).
@@ -115,7 +115,7 @@ def c_substitutions() -> dict[str, str]:
         "EXEC_ENV_DIR": _c_string(execenv.DIR),
         "LOG_FLAG": _c_string(f"g:{runc_argv.LOG_FLAG}"),
         "LOG_FORMAT_FLAG": _c_string(f"g:{runc_argv.LOG_FORMAT_FLAG}"),
-        "PROTOCOL": _c_string(service.PROTOCOL),
+        "PROTOCOL": _c_string(wire.PROTOCOL),
         "ENV_CONFIG": _c_string(ENV_CONFIG),
         "ENV_DEBUG": _c_string(ENV_DEBUG),
         "ENV_SELF": _c_string(locate.ENV_SELF),
@@ -125,10 +125,10 @@ def c_substitutions() -> dict[str, str]:
         "LOG_FORMAT_JSON": _c_string(runc_argv.LOG_FORMAT_JSON),
         "ID_CHARS": _c_string("".join(sorted(ids.ID_CHARS))),
         "MAX_ID": str(ids.MAX_LEN),
-        "REPLY_EXEC": _c_char(service.EXEC),
-        "REPLY_EXIT": _c_char(service.EXIT),
-        "REPLY_DECLINE": _c_char(service.DECLINE),
-        "MAX_REQUEST": str(service.MAX_REQUEST),
+        "REPLY_EXEC": _c_char(wire.EXEC),
+        "REPLY_EXIT": _c_char(wire.EXIT),
+        "REPLY_DECLINE": _c_char(wire.DECLINE),
+        "MAX_REQUEST": str(wire.MAX_REQUEST),
         "EXIT_FAILURE": str(errors.GpuhookError.exit_code),
         "EXIT_NO_RUNTIME": str(errors.RuntimeNotFoundError.exit_code),
         "RELOCATION_SIZE": str(RELOCATION_SIZE),
