@@ -283,7 +283,7 @@ def inspect_spec(
     obj: Context, path: str | None, bundle: str | None, output: str | None, diff: bool
 ) -> None:
     """Dry run: what gpuhook-runtime would decide and inject for a bundle or config.json."""
-    from gpuhook.cli import tables
+    from gpuhook.cli import decisions
     from gpuhook.runtime import decide, ocispec
 
     target = bundle or path
@@ -314,7 +314,7 @@ def inspect_spec(
         before, after = (json.dumps(s, indent=2) for s in (spec, outcome.spec))
         click.echo(unified_diff(before, after, source, now=""), nl=False)
         return
-    emit(tables.outcome_view(outcome, bundle_abs), output, tables.decision_table)
+    emit(decisions.outcome_view(outcome, bundle_abs), output, decisions.spec_table)
 
 
 # --- runtime registration ---------------------------------------------------------------------
@@ -691,7 +691,7 @@ def inspect_container(
     no GPU marker has no record: it is found through the runtime (<runtime> --root DIR state ID,
     in docker's and containerd's folders, or --root) and said to have asked for no GPU.
     """
-    from gpuhook.cli import tables
+    from gpuhook.cli import decisions
     from gpuhook.records import lookup
 
     if show_all == bool(container_id):
@@ -702,10 +702,14 @@ def inspect_container(
         records = [
             e.record
             for e in entries
-            if e.record is not None and (not gpu_only or e.record["decision"]["gpu_container"])
+            if e.record is not None and (not gpu_only or e.record.decision.gpu_container)
         ]
         deleted = sum(1 for e in entries if e.state == lookup.DELETED)
-        emit(records, output, lambda view, color: tables.records_table(view, deleted, color))
+        emit(
+            [r.data for r in records],
+            output,
+            lambda _view, color: decisions.records_table(records, deleted, color),
+        )
         return
     try:
         entry = lookup.find(config, container_id or "")
@@ -717,7 +721,10 @@ def inspect_container(
         emit(view, output, lambda v, _color: v["why"] + "\n")
         return
     log.get_logger().debug("record read", container_id=entry.container_id, path=entry.target)
-    emit(entry.record, output, tables.container_table)
+    record = entry.record
+    if record is None:  # lookup.find returns live records only
+        raise RecordNotFoundError(f"no decision record for container {entry.container_id!r}")
+    emit(record.data, output, lambda _view, color: decisions.container_table(record, color))
 
 
 @inspect_group.command("pod")
@@ -730,11 +737,12 @@ def inspect_pod(obj: Context, pod: str, output: str | None) -> None:
     POD is NAMESPACE/NAME or the pod's UID (a container known only by the kubelet's mounts, as
     under cri-dockerd, has no pod name). From the decision records gpuhook-runtime wrote.
     """
-    from gpuhook.cli import tables
+    from gpuhook.cli import decisions
     from gpuhook.records import lookup
 
     records = lookup.find_pod(obj.config(), pod)
-    emit({"pod": pod, "containers": records}, output, tables.pod_table)
+    view = {"pod": pod, "containers": [r.data for r in records]}
+    emit(view, output, lambda _view, color: decisions.pod_table(records, color))
 
 
 @main.command("gc")

@@ -4,10 +4,12 @@ reasons and decisions (values only; :mod:`gpuhook.pipeline` computes them).
 
 from __future__ import annotations
 
+from gpuhook.model.fields import _get, _objs, _opt, _strs
 from gpuhook.model.frozen import Frozen, _init
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 # --- what a container asks for ------------------------------------------------------------------
@@ -71,6 +73,17 @@ class KubeIdentity(Frozen):
             "container_type": self.container_type,
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> KubeIdentity:
+        """The identity as a record holds it (its source and problem are not recorded)."""
+        return cls(
+            _get(d, "pod_uid", str),
+            _get(d, "namespace", str),
+            _get(d, "pod_name", str),
+            _get(d, "container_name", str),
+            _get(d, "container_type", str),
+        )
+
 
 class ChannelRequest(Frozen):
     """One ask for devices through one channel.
@@ -99,6 +112,12 @@ class ChannelRequest(Frozen):
             "value": self.value,
             "ids": list(self.ids),
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ChannelRequest:
+        return cls(
+            _get(d, "channel", str), _get(d, "source", str), _get(d, "value", str), _strs(d, "ids")
+        )
 
 
 class Request(Frozen):
@@ -158,6 +177,22 @@ class Request(Frozen):
             "problems": list(self.problems),
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Request:
+        """The request as a record holds it (what was ignored is in the decision's reasons)."""
+        kube = _opt(d, "kubernetes", dict)
+        annotations = _opt(d, "annotations", dict, {})
+        if not all(isinstance(v, str) for v in annotations.values()):
+            raise ValueError("field 'annotations' must map names to strings")
+        return cls(
+            tuple(ChannelRequest.from_dict(c) for c in _objs(d, "channels")),
+            _opt(d, "driver_capabilities", str),
+            _get(d, "privileged", bool),
+            KubeIdentity.from_dict(kube) if kube is not None else None,
+            tuple(annotations.items()),
+            _strs(d, "problems"),
+        )
+
 
 # --- what gpuhook decides -------------------------------------------------------------------------
 
@@ -189,6 +224,14 @@ class DeviceRef(Frozen):
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "id": self.display_id, "uuid": self.uuid}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DeviceRef:
+        """``{"kind", "id", "uuid"}``: ``id`` is the GPU index, or ``<gpu>:<mig>``."""
+        gpu, sep, mig = _get(d, "id", str).partition(":")
+        if not gpu.isdigit() or (sep and not mig.isdigit()):
+            raise ValueError(f"field 'id' is not a GPU index or <gpu>:<mig> ({d['id']!r})")
+        return cls(_get(d, "kind", str), _get(d, "uuid", str), int(gpu), int(mig) if sep else None)
+
 
 VERDICT_GRANTED = "granted"
 VERDICT_REFUSED = "refused"
@@ -215,6 +258,11 @@ class Reason(Frozen):
             "verdict": self.verdict,
             "why": self.why,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Reason:
+        verdict = _get(d, "verdict", str)
+        return cls(_get(d, "channel", str), _get(d, "value", str), verdict, _get(d, "why", str))
 
 
 class Decision(Frozen):
@@ -279,3 +327,15 @@ class Decision(Frozen):
             "refused": self.refused,
             "reasons": [r.to_dict() for r in self.reasons],
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Decision:
+        return cls(
+            _get(d, "gpu_container", bool),
+            tuple(DeviceRef.from_dict(x) for x in _objs(d, "devices")),
+            _get(d, "driver_only", bool),
+            _strs(d, "capabilities"),
+            _opt(d, "channel", str),
+            tuple(Reason.from_dict(r) for r in _objs(d, "reasons")),
+            _get(d, "refused", bool),
+        )

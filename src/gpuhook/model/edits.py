@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from gpuhook.model.fields import _get, _objs, _opt, _strs
 from gpuhook.model.frozen import Frozen, _init
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
     from gpuhook.model.inventory import DeviceNode
@@ -43,6 +45,15 @@ class Mount(Frozen):
             "options": list(self.options),
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Mount:
+        return cls(
+            _get(d, "hostPath", str),
+            _get(d, "containerPath", str),
+            _get(d, "type", str),
+            _strs(d, "options"),
+        )
+
 
 class Hook(Frozen):
     __slots__ = ("args", "env", "hook_name", "path", "timeout")
@@ -73,6 +84,16 @@ class Hook(Frozen):
     def to_dict(self) -> dict[str, Any]:
         return {"hookName": self.hook_name, **self.to_oci()}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Hook:
+        return cls(
+            _get(d, "hookName", str),
+            _get(d, "path", str),
+            _strs(d, "args"),
+            _strs(d, "env"),
+            _opt(d, "timeout", int),
+        )
+
 
 class Note(Frozen):
     """Why an edit is there (or why one is not): ``what`` names it, ``why`` says the reason, for
@@ -87,6 +108,10 @@ class Note(Frozen):
 
     def to_dict(self) -> dict[str, str]:
         return {"what": self.what, "why": self.why}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Note:
+        return cls(_get(d, "what", str), _get(d, "why", str))
 
 
 class ContainerEdits(Frozen):
@@ -183,3 +208,30 @@ class ContainerEdits(Frozen):
         if self.notes:
             out["notes"] = [n.to_dict() for n in self.notes]
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ContainerEdits:
+        """The ``containerEdits`` JSON form of :meth:`to_dict` (a decision record's ``edits``)."""
+        from gpuhook.model.inventory import DeviceNode
+
+        nodes = tuple(
+            DeviceNode(
+                _get(n, "path", str),
+                _get(n, "hostPath", str),
+                _get(n, "major", int),
+                _get(n, "minor", int),
+                _get(n, "fileMode", int),
+                _get(n, "type", str),
+            )
+            for n in _objs(d, "deviceNodes")
+        )
+        return cls(
+            _strs(d, "env"),
+            nodes,
+            tuple(Mount.from_dict(m) for m in _objs(d, "mounts")),
+            tuple(Hook.from_dict(h) for h in _objs(d, "hooks")),
+            _strs(d, "removeHooks"),
+            _strs(d, "replaceMounts"),
+            _strs(d, "engineInjected"),
+            tuple(Note.from_dict(n) for n in _objs(d, "notes")),
+        )

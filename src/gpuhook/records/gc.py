@@ -176,9 +176,7 @@ def _judge(folder: str, name: str, run: _Pass) -> GcItem | None:
         return GcItem(entry.container_id, link, False, why)
     # The configured runtime, never a path read from a file inside the bundle; the record only
     # says which of its state folders (--root) the container was created in.
-    recorded = entry.record.get("runtime")
-    root = recorded.get("root", "") if isinstance(recorded, dict) else ""
-    alive, detail = run.probe(run.runtime, str(root or ""), entry.container_id)
+    alive, detail = run.probe(run.runtime, entry.record.runtime.root, entry.container_id)
     if alive:
         return LIVE_ITEM
     if alive is None:

@@ -60,8 +60,8 @@ def judge_group(group: Group, c: Container) -> Result:
     problem = record_problem(c, [g.uuid for g in group.gpus])
     if problem:
         return Result(label, FAIL, problem, "gpuhook doctor (state dir)")
-    plan = c.record.get("mps") if c.record is not None else None
-    if not isinstance(plan, dict):
+    plan = c.record.view.mps if c.record is not None else None
+    if plan is None:
         return Result(
             label,
             FAIL,
@@ -69,7 +69,7 @@ def judge_group(group: Group, c: Container) -> Result:
             "client of the group's daemon",
             "gpuhook doctor (mps)",
         )
-    wanted = dict(str(e).split("=", 1) for e in plan.get("env", []) if "=" in str(e))
+    wanted = dict(e.split("=", 1) for e in plan.env if "=" in e)
     for key in bundle.ENV_NAMES:
         if key in wanted and c.seen.env.get(key) != wanted[key]:
             return Result(

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from gpuhook.config.types import Config
     from gpuhook.model.inventory import Inventory
+    from gpuhook.model.record import Record
     from gpuhook.selftest.bundle import Seen
     from gpuhook.selftest.cuda import Program
 
@@ -72,7 +73,7 @@ class Container(Frozen):
     bundle: str
     ran: lifecycle.Ran
     seen: Seen
-    record: dict[str, Any] | None
+    record: Record | None
     record_problem: str
 
     def __init__(
@@ -81,7 +82,7 @@ class Container(Frozen):
         bundle_dir: str,
         ran: lifecycle.Ran,
         seen: Seen,
-        record: dict[str, Any] | None,
+        record: Record | None,
         record_problem: str,
     ) -> None:
         _init(
@@ -207,7 +208,7 @@ class Session:
             self.live.remove((runtime, cid))
         return problem
 
-    def _record(self, cid: str) -> tuple[dict[str, Any] | None, str]:
+    def _record(self, cid: str) -> tuple[Record | None, str]:
         """The container's record as ``gpuhook inspect container`` finds it."""
         from gpuhook.records import lookup
 
