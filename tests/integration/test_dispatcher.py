@@ -32,6 +32,7 @@ from gpuhook.config import cache as config_cache
 from gpuhook.records import execenv
 from gpuhook.runtime import dispatch, locate, runc_argv, wire
 from tests import runc_grammar
+from tests.hostguard import session_env
 
 pytestmark = pytest.mark.root
 
@@ -82,7 +83,7 @@ class Node:
         return subprocess.run(
             [str(self.dispatcher), *argv],
             cwd=cwd,
-            env={"PATH": os.environ["PATH"], "GPUHOOK_CONFIG": str(self.config), **env},
+            env={**session_env(), "GPUHOOK_CONFIG": str(self.config), **env},
             capture_output=True,
             text=True,
             check=False,
@@ -232,7 +233,7 @@ def test_a_marked_delete_killed_by_a_signal_exits_128_plus_the_signal_on_both_pa
     dispatch.compile_c(
         dispatch.render_c(template), str(dispatcher), [sys.executable, "-I", "-S", str(entry)]
     )
-    env = {"PATH": os.environ["PATH"], "GPUHOOK_CONFIG": str(cfg)}
+    env = {**session_env(), "GPUHOOK_CONFIG": str(cfg)}
     for argv in ([sys.executable, "-I", "-S", str(entry)], [str(dispatcher)]):
         out = subprocess.run(
             [*argv, "delete", "c1"], env=env, capture_output=True, text=True, check=False
@@ -278,6 +279,26 @@ def test_pointer_trust_is_the_python_rule(node: Node, how: str) -> None:
             node.pointer.unlink()
         real.unlink(missing_ok=True)
         node.write_pointer()
+
+
+def test_the_pointer_is_read_in_the_folder_gpuhook_cache_dir_names(
+    node: Node, tmp_path: Path
+) -> None:
+    """The dispatcher finds the pointer where Python writes it (gpuhook.config.cache.cache_root):
+    under GPUHOOK_CACHE_DIR; a folder without it, or a value that is not a plain absolute path,
+    leaves the call to Python."""
+    cwd = node.root / "cwd"
+    cwd.mkdir(exist_ok=True)
+    assert str(node.pointer).startswith(os.environ["GPUHOOK_CACHE_DIR"] + "/")
+    assert node.run(["state", "c1"], cwd) == "runtime"
+    moved = tmp_path / "elsewhere"
+    target = moved / node.pointer.relative_to(os.environ["GPUHOOK_CACHE_DIR"])
+    target.parent.mkdir(parents=True)
+    target.write_bytes(node.pointer.read_bytes())
+    target.chmod(config_cache.POINTER_MODE)
+    assert node.run(["state", "c1"], cwd, GPUHOOK_CACHE_DIR=str(moved)) == "runtime"
+    for other in (str(tmp_path / "empty"), "relative", f"{moved}/.", f"{tmp_path}/../{moved}"):
+        assert node.run(["state", "c1"], cwd, GPUHOOK_CACHE_DIR=other) == "python", other
 
 
 class FakeService:

@@ -148,7 +148,11 @@ def test_a_create_through_the_service_writes_what_the_shim_process_writes(
     config = case_env(
         node, folder, case, runtime={"path": str(fake)}, log={"level": "debug", "file": str(log)}
     )
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUHOOK_CONFIG": config["GPUHOOK_CONFIG"]}
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "GPUHOOK_CONFIG": config["GPUHOOK_CONFIG"],
+        "GPUHOOK_CACHE_DIR": config["GPUHOOK_CACHE_DIR"],
+    }
     svc = runtime_service(node.env)  # its own config; each request names its own
     by_process, by_service = containers.bundle(**CASES[case]), containers.bundle(**CASES[case])
     runc_log = "runc.log"  # relative: the caller's working folder is where it goes

@@ -87,7 +87,7 @@ def test_common_edits_hold_control_nodes_driver_files_and_the_ldcache_hook() -> 
                  "--link", "/usr/local/gpuhook/lib/libcuda.so=libcuda.so.1",
                  "--link", "/usr/local/gpuhook/lib/libnvidia-ml.so=libnvidia-ml.so.1",
                  "--cuda-compat", "550.54.15:14"],
-        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+        "env": f.hook_env(),
         "timeout": 30,
     }  # fmt: skip
 

@@ -13,7 +13,7 @@ import yaml
 
 from gpuhook.config import cache as config_cache
 from gpuhook.config import loading as config_loading
-from gpuhook.config.types import ENV_DEBUG
+from gpuhook.config.types import ENV_CACHE_DIR, ENV_DEBUG, Config
 from gpuhook.errors import EXIT_CONFIG, ConfigError
 from gpuhook.runtime import locate
 
@@ -78,7 +78,7 @@ def test_missing_named_file(tmp_path: Path) -> None:
 def test_compiled_cache_is_used_and_invalidated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(config_cache, "CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path / "cache"))
     path = write(tmp_path, "state_dir: /one\n")
     assert config_loading.load(path).state_dir == "/one"
     cache = Path(config_cache.cache_dir_for(path))
@@ -94,10 +94,42 @@ def test_compiled_cache_is_used_and_invalidated(
     monkeypatch.setattr(config_loading, "compile_file", lambda p: calls.append(p) or {})
     assert config_loading.load(path).state_dir == "/one" and not calls  # served from the cache
     monkeypatch.undo()
-    monkeypatch.setattr(config_cache, "CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path / "cache"))
     write(tmp_path, "state_dir: /two\n")
     os.utime(path, ns=(1, 1))  # a different mtime: the cache no longer matches
     assert config_loading.load(path).state_dir == "/two"
+
+
+def test_the_cache_folder_is_gpuhook_cache_dir_and_the_hooks_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPUHOOK_CACHE_DIR names the cache folder for every executable (the runtime, its hook, the
+    CLI); unset, it is /run/gpuhook/config."""
+    path = write(tmp_path, "state_dir: /one\n")
+    monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path / "run"))
+    cfg = config_loading.load(path)
+    assert (tmp_path / "run" / path.lstrip("/") / "compiled.json").is_file()
+    assert (tmp_path / "run" / path.lstrip("/") / config_cache.POINTER_NAME).is_file()
+    assert f"{ENV_CACHE_DIR}={tmp_path / 'run'}" in cfg.propagated_env
+    monkeypatch.delenv(ENV_CACHE_DIR)  # (nothing is loaded now: it would write the host's /run)
+    assert config_cache.cache_dir_for(path) == "/run/gpuhook/config" + path
+    unset = Config(path, cfg.data, cfg.runtime)
+    assert not any(e.startswith(ENV_CACHE_DIR) for e in unset.propagated_env)
+
+
+@pytest.mark.parametrize("value", ["relative/cache", "/run//x", "/run/x/../y", "/run/x/."])
+def test_a_cache_dir_that_is_not_a_plain_absolute_path_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """The dispatcher reads no pointer under such a folder (plain_path) and Python says why."""
+    path = write(tmp_path, "state_dir: /one\n")
+    monkeypatch.setenv(ENV_CACHE_DIR, value)
+    with pytest.raises(ConfigError) as info:
+        config_loading.load(path)
+    assert str(info.value) == (
+        f"invalid config {path}: {ENV_CACHE_DIR}={value!r} is not an absolute path without //, "
+        ". or .. parts"
+    )
 
 
 def test_the_pointer_holds_the_files_log_level_not_the_writers_debug_switch(
@@ -105,7 +137,7 @@ def test_the_pointer_holds_the_files_log_level_not_the_writers_debug_switch(
 ) -> None:
     """`GPUHOOK_DEBUG=1 gpuhook doctor` after a config edit must not turn debug on for every
     later create on the node: the dispatcher reads each call's own switch."""
-    monkeypatch.setattr(config_cache, "CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path / "cache"))
     monkeypatch.setenv(ENV_DEBUG, "1")
     path = write(tmp_path, "state_dir: /one\n")
     cfg = config_loading.load(path)
@@ -117,7 +149,7 @@ def test_the_pointer_holds_the_files_log_level_not_the_writers_debug_switch(
 def test_a_cache_compiled_by_a_build_with_other_keys_is_compiled_anew(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(config_cache, "CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path / "cache"))
     path = write(tmp_path, "state_dir: /one\n")
     config_loading.load(path)
     compiled = Path(config_cache.cache_dir_for(path)) / "compiled.json"
@@ -150,8 +182,8 @@ def test_hot_path_load_imports_no_yaml_or_jsonschema(tmp_path: Path) -> None:
     path = write(tmp_path, "state_dir: /tmp/x\n")
     code = (
         "import sys; sys.path.insert(0, 'src');"
-        "from gpuhook.config import cache, loading;"
-        f"cache.CACHE_ROOT = {str(tmp_path / 'cache')!r};"
+        "import os; from gpuhook.config import loading;"
+        f"os.environ['GPUHOOK_CACHE_DIR'] = {str(tmp_path / 'cache')!r};"
         f"loading.load({path!r});"  # compiles, writes the cache
         "[sys.modules.pop(m) for m in list(sys.modules) if m.startswith(('yaml', 'jsonschema'))];"
         f"loading.load({path!r});"

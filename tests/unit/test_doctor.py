@@ -16,6 +16,7 @@ import testbed
 
 from gpuhook.cli import commands, doctor
 from gpuhook.engines import readers
+from tests.hostguard import session_env
 from tests.logcapture import paper_node
 
 RUNTIME = testbed.RUNTIME  # an executable named gpuhook-runtime
@@ -272,7 +273,7 @@ def test_json_output(
 def test_colour_only_on_a_terminal_and_never_with_no_color(
     tmp_path: Path, engines: list[str]
 ) -> None:
-    env = {"PATH": os.environ["PATH"], "GPUHOOK_CONFIG": str(paper_node(tmp_path))}
+    env = {**session_env(), "GPUHOOK_CONFIG": str(paper_node(tmp_path))}
     argv = [testbed.GPUHOOK, "doctor", "-o", "table", *engines]
 
     def on_a_terminal(extra: dict[str, str]) -> str:

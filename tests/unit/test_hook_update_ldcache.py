@@ -32,6 +32,8 @@ def _own_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.logcapture import paper_node
 
     monkeypatch.setitem(HOOK_ENV, "GPUHOOK_CONFIG", str(paper_node(tmp_path / "node")))
+    # as gpuhook-runtime passes its cache folder on (Config.propagated_env): the session's
+    monkeypatch.setitem(HOOK_ENV, "GPUHOOK_CACHE_DIR", os.environ["GPUHOOK_CACHE_DIR"])
 
 
 def _impls() -> list[list[str]]:

@@ -18,7 +18,6 @@ import pytest
 
 from gpuhook.cli import doctor
 from gpuhook.cli.commands import run
-from gpuhook.config import cache as config_cache
 from gpuhook.runtime import service, shim, wire
 from gpuhook.runtime.wire import DECLINE, EXEC, EXIT, MAX_REPLY, MAX_REQUEST, PROTOCOL
 from tests import factories as f
@@ -127,7 +126,6 @@ def test_the_shim_hands_the_runtime_to_its_executor(
 ) -> None:
     config = paper_node(tmp_path)
     monkeypatch.setenv("GPUHOOK_CONFIG", str(config))
-    monkeypatch.setattr(config_cache, "CACHE_ROOT", str(tmp_path / "cache"))
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "config.json").write_text(json.dumps(f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"])))
@@ -150,7 +148,6 @@ def test_an_executor_that_cannot_exec_gets_the_shims_failure_line(
 ) -> None:
     config = paper_node(tmp_path)
     monkeypatch.setenv("GPUHOOK_CONFIG", str(config))
-    monkeypatch.setattr(config_cache, "CACHE_ROOT", str(tmp_path / "cache"))
     log = tmp_path / "runc.log"
 
     def execute(path: str, argv: list[str]) -> None:
@@ -224,7 +221,6 @@ def test_preload_imports_nothing_heavy_that_changes_the_shim() -> None:
 def test_serve_with_the_service_disabled_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(config_cache, "CACHE_ROOT", str(tmp_path / "cache"))
     config = tmp_path / "config.yaml"
     config.write_text(f'runtime:\n  service: ""\nstate_dir: {tmp_path}\nlog:\n  file: ""\n')
     code = run(["--config", str(config), "runtime", "serve"])
@@ -239,7 +235,6 @@ def test_serve_with_the_service_disabled_is_one_line(
 def test_serve_refuses_a_path_that_is_not_a_socket(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(config_cache, "CACHE_ROOT", str(tmp_path / "cache"))
     config = tmp_path / "config.yaml"
     config.write_text(f"state_dir: {tmp_path}\nlog:\n  file: ''\n")
     taken = tmp_path / "file"
@@ -264,7 +259,6 @@ def _doctor_line(tmp_path: Path, socket_path: str) -> doctor.Result:
 def test_doctor_says_whether_the_service_listens(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(config_cache, "CACHE_ROOT", str(tmp_path / "cache"))
     path = tmp_path / "runtime.sock"
     missing = _doctor_line(tmp_path, str(path))
     assert (missing.status, missing.message) == (

@@ -2,18 +2,26 @@
 
 Validation needs :mod:`yaml` and :mod:`jsonschema`, which are far too slow to import on every
 container start, so a validated, normalized copy of each config file is cached as JSON under
-``/run/gpuhook/config/<absolute config path>/compiled.json`` and reused while the file's identity
+``<cache folder>/<absolute config path>/compiled.json`` and reused while the file's identity
 (device, inode, size, mtime), gpuhook's version and the known keys are unchanged
 (:func:`gpuhook.config.loading.load`). The same folder holds ``runtime``, the pointer the
 ``gpuhook-runtime`` dispatcher reads to run calls without Python: four lines, the resolved
 low-level runtime path, the state folder (where the exec-env markers are), the log level and the
 runtime service's socket (empty: none). Python and the dispatcher trust a cache file by the one
 rule of :func:`trusted_file` (:data:`UNTRUSTED_MODE` is rendered into the dispatcher).
+
+The cache folder is ``/run/gpuhook/config`` (:data:`CACHE_ROOT`), or ``GPUHOOK_CACHE_DIR`` for
+every executable that has it in its environment, as ``GPUHOOK_CONFIG`` names the file: a second
+gpuhook beside the node's (a test suite, a config tried out) keeps its cache to itself. The
+dispatcher reads the same variable (:func:`cache_root` states the rule both apply).
 """
 
 from __future__ import annotations
 
 import os
+
+from gpuhook.config.types import ENV_CACHE_DIR
+from gpuhook.errors import ConfigError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,12 +39,37 @@ UNTRUSTED_MODE = 0o022
 POINTER_MODE = 0o644
 
 
+def plain_path(path: str) -> bool:
+    """Absolute, without ``//``, ``/./`` or ``/../`` or a trailing ``/.`` or ``/..``: a path
+    that names its folder without any lookup (the dispatcher's ``plain_path``)."""
+    return (
+        path.startswith("/")
+        and not any(part in path for part in ("//", "/./", "/../"))
+        and not path.endswith(("/.", "/.."))
+    )
+
+
+def cache_root(config_path: str = "") -> str:
+    """The cache folder: ``GPUHOOK_CACHE_DIR`` when set, else :data:`CACHE_ROOT`. Raises
+    :class:`ConfigError` (for ``config_path``) when the variable is not a plain absolute path;
+    the dispatcher then reads no pointer and leaves every call to Python, which says so."""
+    value = os.environ.get(ENV_CACHE_DIR, "")
+    if not value:
+        return CACHE_ROOT
+    if not plain_path(value):
+        raise ConfigError(
+            config_path or ENV_CACHE_DIR,
+            f"{ENV_CACHE_DIR}={value!r} is not an absolute path without //, . or .. parts",
+        )
+    return value
+
+
 def cache_dir_for(path: str) -> str:
-    """The cache folder of one config file: its absolute path mirrored under CACHE_ROOT.
+    """The cache folder of one config file: its absolute path mirrored under :func:`cache_root`.
 
     A mirrored path (not a hash) lets the dispatcher compute it without any lookup.
     """
-    return CACHE_ROOT + os.path.abspath(path)
+    return cache_root(path) + os.path.abspath(path)
 
 
 def trusted_file(st: os.stat_result) -> bool:

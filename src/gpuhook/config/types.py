@@ -1,5 +1,6 @@
 """The validated configuration as values: :class:`Config` and its parts (frozen), and the
-names every executable shares: the default file, ``GPUHOOK_CONFIG``, ``GPUHOOK_DEBUG``.
+names every executable shares: the default file, ``GPUHOOK_CONFIG``, ``GPUHOOK_DEBUG`` and
+``GPUHOOK_CACHE_DIR`` (where the compiled config is cached: :mod:`gpuhook.config.cache`).
 
 Pure: reading the file is :mod:`gpuhook.config.loading`'s. The pipeline imports this module.
 """
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 DEFAULT_PATH = "/etc/gpuhook/config.yaml"
 ENV_CONFIG = "GPUHOOK_CONFIG"
 ENV_DEBUG = "GPUHOOK_DEBUG"
+ENV_CACHE_DIR = "GPUHOOK_CACHE_DIR"
 KUBELET_DIR_DEFAULT = "/var/lib/kubelet"
 CHECKPOINT_IN_KUBELET_DIR = "device-plugins/kubelet_internal_checkpoint"
 # The device plugin's GPU resources: whole GPUs, their shared (time-slicing, MPS) renames and MIG
@@ -162,6 +164,7 @@ class Config(Frozen):
     __slots__ = (
         "auto_refresh",
         "bin_dir",
+        "cache_dir_env",
         "cdi_capabilities",
         "cdi_output",
         "data",
@@ -201,6 +204,7 @@ class Config(Frozen):
     cdi_capabilities: tuple[str, ...]
     policy: PolicyConfig
     mps: MpsConfig
+    cache_dir_env: str  # GPUHOOK_CACHE_DIR as this process had it ("": the default folder)
 
     def __init__(self, source: str, data: dict[str, Any], runtime: str) -> None:
         inv = data["inventory"]
@@ -236,6 +240,7 @@ class Config(Frozen):
                 tuple(pol["kubernetes"]["gpu_resources"]),
             ),
             mps=MpsConfig(data["mps"]),
+            cache_dir_env=os.environ.get(ENV_CACHE_DIR, ""),
         )
 
     @property
@@ -275,11 +280,14 @@ class Config(Frozen):
     @property
     def propagated_env(self) -> tuple[str, ...]:
         """gpuhook's own variables for the hooks it adds to a container, whose env is otherwise
-        PATH alone: the config file when it is not the default one, and ``GPUHOOK_DEBUG=1`` when
-        the environment (not the file) turned debug on. Never anything from the container."""
+        PATH alone: the config file when it is not the default one, the cache folder when it is
+        not (so that the hook reads the runtime's cache), and ``GPUHOOK_DEBUG=1`` when the
+        environment (not the file) turned debug on. Never anything from the container."""
         out: list[str] = []
         if self.source.startswith("/") and self.source != DEFAULT_PATH:
             out.append(f"{ENV_CONFIG}={self.source}")
+        if self.cache_dir_env:
+            out.append(f"{ENV_CACHE_DIR}={self.cache_dir_env}")
         if self.log_level == "debug" and self.data["log"]["level"] != "debug":
             out.append(f"{ENV_DEBUG}=1")
         return tuple(out)

@@ -26,7 +26,7 @@ import sys
 
 from gpuhook import errors, markers
 from gpuhook.config import cache as config_cache
-from gpuhook.config.types import DEFAULT_PATH, ENV_CONFIG, ENV_DEBUG
+from gpuhook.config.types import DEFAULT_PATH, ENV_CACHE_DIR, ENV_CONFIG, ENV_DEBUG
 from gpuhook.fsutil import atomic_write
 from gpuhook.records import execenv, ids
 from gpuhook.runtime import hooks, locate, ocispec, runc_argv, wire
@@ -117,6 +117,7 @@ def c_substitutions() -> dict[str, str]:
         "LOG_FORMAT_FLAG": _c_string(f"g:{runc_argv.LOG_FORMAT_FLAG}"),
         "PROTOCOL": _c_string(wire.PROTOCOL),
         "ENV_CONFIG": _c_string(ENV_CONFIG),
+        "ENV_CACHE_DIR": _c_string(ENV_CACHE_DIR),
         "ENV_DEBUG": _c_string(ENV_DEBUG),
         "ENV_SELF": _c_string(locate.ENV_SELF),
         "SPEC_NAME": _c_string(ocispec.CONFIG_NAME),
