@@ -32,13 +32,6 @@ class PolicyConfig(Frozen):
     """``policy.*``. ``checkpoint`` is the kubelet checkpoint's path: the configured one, or
     ``<kubelet_dir>/device-plugins/kubelet_internal_checkpoint`` when the key is empty."""
 
-    __slots__ = (
-        "checkpoint",
-        "gpu_resources",
-        "kubelet_dir",
-        "kubernetes_env_requests",
-        "standalone_env_requests",
-    )
     kubernetes_env_requests: str
     checkpoint: str
     standalone_env_requests: str
@@ -72,29 +65,11 @@ class PolicyConfig(Frozen):
 class MpsGroupConfig(Frozen):
     """One ``mps.groups.<name>`` entry: GPUs served by one control daemon, with share overrides."""
 
-    __slots__ = ("active_thread_percentage", "gpus", "name", "pinned_memory_limit", "replicas")
     name: str
     gpus: tuple[str, ...]
     replicas: int | None
     active_thread_percentage: int | None
     pinned_memory_limit: str | None
-
-    def __init__(
-        self,
-        name: str,
-        gpus: tuple[str, ...],
-        replicas: int | None,
-        active_thread_percentage: int | None,
-        pinned_memory_limit: str | None,
-    ) -> None:
-        _init(
-            self,
-            name=name,
-            gpus=tuple(gpus),
-            replicas=replicas,
-            active_thread_percentage=active_thread_percentage,
-            pinned_memory_limit=pinned_memory_limit,
-        )
 
 
 class MpsConfig(Frozen):
@@ -105,18 +80,6 @@ class MpsConfig(Frozen):
     the sharing code).
     """
 
-    __slots__ = (
-        "active_thread_percentage",
-        "exclusive_process",
-        "gpus",
-        "groups",
-        "log_dir",
-        "oversubscription",
-        "pinned_memory_limit",
-        "replicas",
-        "root",
-        "shm",
-    )
     root: str
     gpus: tuple[str, ...]
     groups: tuple[MpsGroupConfig, ...]
@@ -161,29 +124,6 @@ class MpsConfig(Frozen):
 class Config(Frozen):
     """The validated configuration. ``data`` is the normalized nested form (defaults filled in)."""
 
-    __slots__ = (
-        "auto_refresh",
-        "bin_dir",
-        "cache_dir_env",
-        "cdi_capabilities",
-        "cdi_output",
-        "data",
-        "default_capabilities",
-        "dev_root",
-        "driver_root",
-        "inventory_path",
-        "ldconfig",
-        "lib_dir",
-        "log_file",
-        "log_level",
-        "mps",
-        "nvml_library",
-        "policy",
-        "runtime",
-        "service_socket",
-        "source",
-        "state_dir",
-    )
     source: str
     data: dict[str, Any]
     driver_root: str

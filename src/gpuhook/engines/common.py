@@ -8,7 +8,7 @@ import difflib
 import re
 
 from gpuhook.errors import RegistrationError
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,13 +26,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 class Edit(Frozen):
     """The result of one edit: the new text, whether it differs, and what was done (for people)."""
 
-    __slots__ = ("changed", "notes", "text")
     text: str
     changed: bool
-    notes: tuple[str, ...]
-
-    def __init__(self, text: str, changed: bool, notes: tuple[str, ...] = ()) -> None:
-        _init(self, text=text, changed=changed, notes=notes)
+    notes: tuple[str, ...] = ()
 
 
 def check_name(name: str) -> None:

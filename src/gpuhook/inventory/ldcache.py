@@ -101,7 +101,6 @@ def arch_of(flags: int) -> str:
 class CacheEntry(Frozen):
     """One cache entry: ``key`` is the soname, ``value`` the path the loader would open."""
 
-    __slots__ = ("arch", "flags", "hwcap", "key", "value")
     key: str
     value: str
     flags: int

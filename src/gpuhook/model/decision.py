@@ -5,7 +5,7 @@ reasons and decisions (values only; :mod:`gpuhook.pipeline` computes them).
 from __future__ import annotations
 
 from gpuhook.model.fields import _get, _objs, _opt, _strs
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,43 +26,13 @@ class KubeIdentity(Frozen):
     or from the kubelet's per-pod mounts (:mod:`gpuhook.pipeline.identity`). ``problem`` says why
     the identity cannot be trusted ("" when it can); such a container is treated as a sandbox."""
 
-    __slots__ = (
-        "container_name",
-        "container_type",
-        "namespace",
-        "pod_name",
-        "pod_uid",
-        "problem",
-        "source",
-    )
     pod_uid: str
     namespace: str
     pod_name: str
     container_name: str
     container_type: str  # "container" | "sandbox" | "unknown"
-    source: str  # where the identity comes from: "containerd", "cri-o", "kubelet mounts"
-    problem: str
-
-    def __init__(
-        self,
-        pod_uid: str,
-        namespace: str,
-        pod_name: str,
-        container_name: str,
-        container_type: str,
-        source: str = "",
-        problem: str = "",
-    ) -> None:
-        _init(
-            self,
-            pod_uid=pod_uid,
-            namespace=namespace,
-            pod_name=pod_name,
-            container_name=container_name,
-            container_type=container_type,
-            source=source,
-            problem=problem,
-        )
+    source: str = ""  # where the identity comes from: "containerd", "cri-o", "kubelet mounts"
+    problem: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,17 +63,11 @@ class ChannelRequest(Frozen):
     ``problem`` is why the request is malformed ("" when it is not).
     """
 
-    __slots__ = ("channel", "ids", "problem", "source", "value")
     channel: str
     source: str
     value: str
     ids: tuple[str, ...]
-    problem: str
-
-    def __init__(
-        self, channel: str, source: str, value: str, ids: tuple[str, ...], problem: str = ""
-    ) -> None:
-        _init(self, channel=channel, source=source, value=value, ids=tuple(ids), problem=problem)
+    problem: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -123,43 +87,14 @@ class ChannelRequest(Frozen):
 class Request(Frozen):
     """What a container's spec asks for, and through which channels. Built by :mod:`request`."""
 
-    __slots__ = (
-        "annotations",
-        "channels",
-        "driver_capabilities",
-        "ignored",
-        "kubernetes",
-        "privileged",
-        "problems",
-    )
-    channels: tuple[ChannelRequest, ...]
-    driver_capabilities: str | None
-    privileged: bool
-    kubernetes: KubeIdentity | None
-    annotations: tuple[tuple[str, str], ...]  # gpuhook.io/* annotations, for later steps
-    problems: tuple[str, ...]  # malformed parts of the request, one line each
-    ignored: tuple[Reason, ...]  # looks like a request but is none (a CDI name of another kind)
-
-    def __init__(
-        self,
-        channels: tuple[ChannelRequest, ...] = (),
-        driver_capabilities: str | None = None,
-        privileged: bool = False,
-        kubernetes: KubeIdentity | None = None,
-        annotations: tuple[tuple[str, str], ...] = (),
-        problems: tuple[str, ...] = (),
-        ignored: tuple[Reason, ...] = (),
-    ) -> None:
-        _init(
-            self,
-            channels=tuple(channels),
-            driver_capabilities=driver_capabilities,
-            privileged=privileged,
-            kubernetes=kubernetes,
-            annotations=tuple(annotations),
-            problems=tuple(problems),
-            ignored=tuple(ignored),
-        )
+    channels: tuple[ChannelRequest, ...] = ()
+    driver_capabilities: str | None = None
+    privileged: bool = False
+    kubernetes: KubeIdentity | None = None
+    annotations: tuple[tuple[str, str], ...] = ()  # gpuhook.io/* annotations, for later steps
+    problems: tuple[str, ...] = ()  # malformed parts of the request, one line each
+    # looks like a request but is none (a CDI name of another kind)
+    ignored: tuple[Reason, ...] = ()
 
     def annotation(self, key: str) -> str | None:
         for k, v in self.annotations:
@@ -203,14 +138,10 @@ KIND_MIG = "mig"
 class DeviceRef(Frozen):
     """A device resolved against the inventory: a whole GPU or one MIG device."""
 
-    __slots__ = ("gpu_index", "kind", "mig_index", "uuid")
     kind: str
     uuid: str
     gpu_index: int
-    mig_index: int | None
-
-    def __init__(self, kind: str, uuid: str, gpu_index: int, mig_index: int | None = None) -> None:
-        _init(self, kind=kind, uuid=uuid, gpu_index=gpu_index, mig_index=mig_index)
+    mig_index: int | None = None
 
     @property
     def display_id(self) -> str:
@@ -242,14 +173,10 @@ VERDICT_SUPERSEDED = "superseded"
 class Reason(Frozen):
     """One line of the decision's explanation: which channel, which value, what and why."""
 
-    __slots__ = ("channel", "value", "verdict", "why")
     channel: str
     value: str
     verdict: str
     why: str
-
-    def __init__(self, channel: str, value: str, verdict: str, why: str) -> None:
-        _init(self, channel=channel, value=value, verdict=verdict, why=why)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -274,43 +201,13 @@ class Decision(Frozen):
     ``NVIDIA_VISIBLE_DEVICES=void`` so that no other NVIDIA component acts on it.
     """
 
-    __slots__ = (
-        "capabilities",
-        "channel",
-        "devices",
-        "driver_only",
-        "gpu_container",
-        "reasons",
-        "refused",
-    )
     gpu_container: bool
-    devices: tuple[DeviceRef, ...]
-    driver_only: bool
-    capabilities: tuple[str, ...]
-    channel: str | None
-    reasons: tuple[Reason, ...]
-    refused: bool
-
-    def __init__(
-        self,
-        gpu_container: bool,
-        devices: tuple[DeviceRef, ...] = (),
-        driver_only: bool = False,
-        capabilities: tuple[str, ...] = (),
-        channel: str | None = None,
-        reasons: tuple[Reason, ...] = (),
-        refused: bool = False,
-    ) -> None:
-        _init(
-            self,
-            gpu_container=gpu_container,
-            devices=tuple(devices),
-            driver_only=driver_only,
-            capabilities=tuple(capabilities),
-            channel=channel,
-            reasons=tuple(reasons),
-            refused=refused,
-        )
+    devices: tuple[DeviceRef, ...] = ()
+    driver_only: bool = False
+    capabilities: tuple[str, ...] = ()
+    channel: str | None = None
+    reasons: tuple[Reason, ...] = ()
+    refused: bool = False
 
     @property
     def injects(self) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuhook.model.fields import _get, _objs, _opt, _strs
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,26 +16,10 @@ if TYPE_CHECKING:
 
 
 class Mount(Frozen):
-    __slots__ = ("container_path", "host_path", "options", "type")
     host_path: str
     container_path: str
-    type: str
-    options: tuple[str, ...]
-
-    def __init__(
-        self,
-        host_path: str,
-        container_path: str,
-        type: str = "bind",
-        options: tuple[str, ...] = (),
-    ) -> None:
-        _init(
-            self,
-            host_path=host_path,
-            container_path=container_path,
-            type=type,
-            options=tuple(options),
-        )
+    type: str = "bind"
+    options: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,24 +40,11 @@ class Mount(Frozen):
 
 
 class Hook(Frozen):
-    __slots__ = ("args", "env", "hook_name", "path", "timeout")
     hook_name: str
     path: str
-    args: tuple[str, ...]
-    env: tuple[str, ...]
-    timeout: int | None
-
-    def __init__(
-        self,
-        hook_name: str,
-        path: str,
-        args: tuple[str, ...] = (),
-        env: tuple[str, ...] = (),
-        timeout: int | None = None,
-    ) -> None:
-        _init(
-            self, hook_name=hook_name, path=path, args=tuple(args), env=tuple(env), timeout=timeout
-        )
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    timeout: int | None = None
 
     def to_oci(self) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path, "args": list(self.args), "env": list(self.env)}
@@ -99,12 +70,8 @@ class Note(Frozen):
     """Why an edit is there (or why one is not): ``what`` names it, ``why`` says the reason, for
     ``gpuhook inspect`` and the decision record. Not an edit itself."""
 
-    __slots__ = ("what", "why")
     what: str
     why: str
-
-    def __init__(self, what: str, why: str) -> None:
-        _init(self, what=what, why=why)
 
     def to_dict(self) -> dict[str, str]:
         return {"what": self.what, "why": self.why}
@@ -127,47 +94,14 @@ class ContainerEdits(Frozen):
     compatibility, graphics files, the modeset node) for ``gpuhook inspect``.
     """
 
-    __slots__ = (
-        "device_nodes",
-        "engine_injected",
-        "env",
-        "hooks",
-        "mounts",
-        "notes",
-        "remove_hooks",
-        "replace_mounts",
-    )
-    env: tuple[str, ...]
-    device_nodes: tuple[DeviceNode, ...]
-    mounts: tuple[Mount, ...]
-    hooks: tuple[Hook, ...]
-    remove_hooks: tuple[str, ...]
-    replace_mounts: tuple[str, ...]
-    engine_injected: tuple[str, ...]
-    notes: tuple[Note, ...]
-
-    def __init__(
-        self,
-        env: tuple[str, ...] = (),
-        device_nodes: tuple[DeviceNode, ...] = (),
-        mounts: tuple[Mount, ...] = (),
-        hooks: tuple[Hook, ...] = (),
-        remove_hooks: tuple[str, ...] = (),
-        replace_mounts: tuple[str, ...] = (),
-        engine_injected: tuple[str, ...] = (),
-        notes: tuple[Note, ...] = (),
-    ) -> None:
-        _init(
-            self,
-            env=tuple(env),
-            device_nodes=tuple(device_nodes),
-            mounts=tuple(mounts),
-            hooks=tuple(hooks),
-            remove_hooks=tuple(remove_hooks),
-            replace_mounts=tuple(replace_mounts),
-            engine_injected=tuple(engine_injected),
-            notes=tuple(notes),
-        )
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
+    remove_hooks: tuple[str, ...] = ()
+    replace_mounts: tuple[str, ...] = ()
+    engine_injected: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
 
     def is_empty(self) -> bool:
         return not (

@@ -11,9 +11,10 @@ A value object names each field once, as an annotation, with its default when it
         options: tuple[str, ...] = ()
 
 The class gets ``__slots__`` and an ``__init__`` taking the fields in that order (positionally or
-by name), equality, hashing and repr over them, and :meth:`Frozen.replace`; an instance cannot be
-changed. A subclass adds its fields after its base's. A class whose construction does more (a
-derived field, a conversion) defines its own ``__init__`` and sets the fields with :func:`_init`.
+by name; a ``tuple[...]`` field stores any other iterable it is given as a tuple), equality,
+hashing and repr over them, and :meth:`Frozen.replace`; an instance cannot be changed. A
+subclass adds its fields after its base's. A class whose construction does more (a derived
+field, a conversion) defines its own ``__init__`` and sets the fields with :func:`_init`.
 Stdlib-free and cheap to import (the container-create path uses it); type checkers read the
 fields through ``dataclass_transform``.
 """
@@ -34,18 +35,28 @@ class _FrozenType(type):
     if TYPE_CHECKING:
         _fields: "tuple[str, ...]"
         _defaults: "dict[str, Any]"
+        _tuples: "frozenset[str]"
 
     def __new__(
         mcs, name: str, bases: "tuple[type, ...]", namespace: "dict[str, Any]"
     ) -> "_FrozenType":
-        own = [n for n in namespace.get("__annotations__", {}) if not n.startswith("_")]
+        annotations = namespace.get("__annotations__", {})
+        own = [n for n in annotations if not n.startswith("_")]
         defaults = {n: namespace.pop(n) for n in own if n in namespace}
         namespace.setdefault("__slots__", tuple(own))
         cls = super().__new__(mcs, name, bases, namespace)
         inherited: tuple[str, ...] = getattr(cls, "_fields", ())
         cls._fields = (*inherited, *(n for n in own if n not in inherited))
         cls._defaults = {**getattr(cls, "_defaults", {}), **defaults}
+        tuples = {n for n in own if _is_tuple(annotations[n])}
+        cls._tuples = frozenset({*getattr(cls, "_tuples", ()), *tuples})
         return cls
+
+
+def _is_tuple(annotation: object) -> bool:
+    """``tuple[...]`` (a string under ``from __future__ import annotations``), never optional."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return text.startswith("tuple") and "|" not in text and "None" not in text
 
 
 @dataclass_transform(frozen_default=True)
@@ -55,11 +66,12 @@ class Frozen(metaclass=_FrozenType):
     if TYPE_CHECKING:
         _fields: "ClassVar[tuple[str, ...]]"
         _defaults: "ClassVar[dict[str, Any]]"
+        _tuples: "ClassVar[frozenset[str]]"
 
     def __init__(self, *args: "Any", **kwargs: "Any") -> None:
         cls = type(self)
         names = cls._fields
-        if not kwargs and len(args) == len(names):
+        if not kwargs and len(args) == len(names) and not cls._tuples:
             for name, value in zip(names, args, strict=True):
                 object.__setattr__(self, name, value)
             return
@@ -70,14 +82,17 @@ class Frozen(metaclass=_FrozenType):
             if name not in names or name in values:
                 raise TypeError(f"{cls.__name__}: unexpected or repeated field {name!r}")
             values[name] = value
-        defaults = cls._defaults
+        defaults, tuples = cls._defaults, cls._tuples
         for name in names:
             if name in values:
-                object.__setattr__(self, name, values[name])
+                value = values[name]
             elif name in defaults:
-                object.__setattr__(self, name, defaults[name])
+                value = defaults[name]
             else:
                 raise TypeError(f"{cls.__name__}: missing field {name!r}")
+            if name in tuples and type(value) is not tuple:
+                value = tuple(value)
+            object.__setattr__(self, name, value)
 
     def _values(self) -> "tuple[object, ...]":
         return tuple(getattr(self, name) for name in self._fields)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 
 from gpuhook.errors import MpsError, RequestError
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,29 +56,11 @@ class Reservation(Frozen):
     known), what it reserves per GPU, and its state (``creating``, the runtime's status, or
     ``unknown: ...``)."""
 
-    __slots__ = ("container_id", "group", "reserved", "state", "uid")
     container_id: str
     group: str
     uid: int | None
     reserved: tuple[tuple[str, int], ...]  # (GPU uuid, bytes)
     state: str
-
-    def __init__(
-        self,
-        container_id: str,
-        group: str,
-        uid: int | None,
-        reserved: tuple[tuple[str, int], ...],
-        state: str,
-    ) -> None:
-        _init(
-            self,
-            container_id=container_id,
-            group=group,
-            uid=uid,
-            reserved=tuple(reserved),
-            state=state,
-        )
 
     def on(self, uuid: str) -> int:
         return sum(size for u, size in self.reserved if u == uuid)

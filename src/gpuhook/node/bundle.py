@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 from gpuhook.errors import NodeInstallError
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 PREFIX = "/opt/gpuhook"
 LIB = f"{PREFIX}/lib"
@@ -41,26 +41,12 @@ PT_INTERP = 3
 class Source(Frozen):
     """Where the image keeps what is copied: interpreter, stdlib, site folder, dispatchers."""
 
-    __slots__ = ("bin_dir", "ldconfig", "python", "python_cmd", "site", "stdlib")
     python: str
     stdlib: str
     site: str
     bin_dir: str
     ldconfig: str
     python_cmd: str
-
-    def __init__(
-        self, python: str, stdlib: str, site: str, bin_dir: str, ldconfig: str, python_cmd: str
-    ) -> None:
-        _init(
-            self,
-            python=python,
-            stdlib=stdlib,
-            site=site,
-            bin_dir=bin_dir,
-            ldconfig=ldconfig,
-            python_cmd=python_cmd,
-        )
 
 
 def image_source() -> Source:

@@ -38,7 +38,7 @@ from gpuhook.config.types import DEFAULT_PATH
 from gpuhook.engines import configure, readers
 from gpuhook.errors import ConfigError, NodeInstallError
 from gpuhook.fsutil import atomic_write, temp_name
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 from gpuhook.node import bundle, host
 
 if TYPE_CHECKING:
@@ -68,13 +68,9 @@ class Record(Frozen):
     """What an install left on the node: the engine, the host paths it (or gpuhook) created,
     and whether the engine still needs a restart to see the registration."""
 
-    __slots__ = ("created", "engine", "restart_pending")
     engine: str
     created: tuple[str, ...]
     restart_pending: bool
-
-    def __init__(self, engine: str, created: tuple[str, ...], restart_pending: bool) -> None:
-        _init(self, engine=engine, created=created, restart_pending=restart_pending)
 
     def with_pending(self, pending: bool) -> Record:
         return Record(self.engine, self.created, pending)

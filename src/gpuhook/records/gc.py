@@ -15,7 +15,7 @@ import time
 
 from gpuhook.errors import GpuhookError
 from gpuhook.fsutil import temp_base
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 from gpuhook.records.ids import SUFFIX, link_id
 from gpuhook.records.lookup import (
     DEFAULT_ROOTS,
@@ -138,17 +138,11 @@ def gc(
 class _Pass(Frozen):
     """The settings of one gc run."""
 
-    __slots__ = ("dry_run", "grace_s", "now", "probe", "runtime")
     runtime: str
     now: float
     grace_s: float
     dry_run: bool
     probe: StateProbe
-
-    def __init__(
-        self, runtime: str, now: float, grace_s: float, dry_run: bool, probe: StateProbe
-    ) -> None:
-        _init(self, runtime=runtime, now=now, grace_s=grace_s, dry_run=dry_run, probe=probe)
 
 
 LIVE_ITEM = GcItem("", "", False, "alive")  # what _judge returns for a live container

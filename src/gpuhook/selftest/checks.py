@@ -45,7 +45,6 @@ UUID_RE = re.compile(r"\(UUID: ((?:GPU|MIG)-[^)\s]+)\)")
 class Target(Frozen):
     """A device the self test grants a container: a whole GPU, or one MIG device."""
 
-    __slots__ = ("gpu", "label", "mig", "uuid")
     label: str
     uuid: str
     gpu: Gpu

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 from gpuhook.runtime import locate
 
 TYPE_CHECKING = False
@@ -30,13 +30,9 @@ class Program(Frozen):
     """The CUDA program: its host path ("" when there is none) and where it came from, or why
     there is none (``problem``: a failed build)."""
 
-    __slots__ = ("origin", "path", "problem")
     path: str
     origin: str
-    problem: str
-
-    def __init__(self, path: str, origin: str, problem: str = "") -> None:
-        _init(self, path=path, origin=origin, problem=problem)
+    problem: str = ""
 
 
 def find_nvcc() -> str:

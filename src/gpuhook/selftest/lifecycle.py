@@ -16,7 +16,7 @@ import select
 import subprocess
 import time
 
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,32 +32,12 @@ class Ran(Frozen):
     ``created``: whether the runtime holds a container to delete; ``elapsed_s``: create to
     exit; ``code``: the init's exit code (None when unknown)."""
 
-    __slots__ = ("code", "created", "elapsed_s", "error", "stderr", "stdout")
     error: str
     created: bool
-    elapsed_s: float | None
-    code: int | None
-    stdout: str
-    stderr: str
-
-    def __init__(
-        self,
-        error: str,
-        created: bool,
-        elapsed_s: float | None = None,
-        code: int | None = None,
-        stdout: str = "",
-        stderr: str = "",
-    ) -> None:
-        _init(
-            self,
-            error=error,
-            created=created,
-            elapsed_s=elapsed_s,
-            code=code,
-            stdout=stdout,
-            stderr=stderr,
-        )
+    elapsed_s: float | None = None
+    code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
 
 
 def become_subreaper(on: bool = True) -> bool:

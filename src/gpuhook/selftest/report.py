@@ -18,7 +18,6 @@ STATUSES = (PASS, FAIL, SKIP)
 class Result(Frozen):
     """One line: the check, PASS/FAIL/SKIP, what was seen, and for a failure the fix."""
 
-    __slots__ = ("check", "fix", "message", "status")
     check: str
     status: str
     message: str
@@ -48,16 +47,10 @@ class Timing(Frozen):
     """One container's create-to-exit time through gpuhook-runtime, and plain runc's on the
     same bundle (None where that did not run to its exit)."""
 
-    __slots__ = ("check", "container_id", "gpuhook_s", "runc_s")
     check: str
     container_id: str
     gpuhook_s: float | None
     runc_s: float | None
-
-    def __init__(
-        self, check: str, container_id: str, gpuhook_s: float | None, runc_s: float | None
-    ) -> None:
-        _init(self, check=check, container_id=container_id, gpuhook_s=gpuhook_s, runc_s=runc_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {

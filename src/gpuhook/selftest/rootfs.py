@@ -16,7 +16,7 @@ import shutil
 import subprocess
 
 from gpuhook.errors import NodeInstallError
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,13 +39,9 @@ class Rootfs(Frozen):
     """A built template: its folder, what its shell is, and the libraries copied into it
     (container paths), for the report."""
 
-    __slots__ = ("libraries", "path", "shell")
     path: str
     shell: str
     libraries: tuple[str, ...]
-
-    def __init__(self, path: str, shell: str, libraries: tuple[str, ...]) -> None:
-        _init(self, path=path, shell=shell, libraries=tuple(libraries))
 
     def describe(self) -> str:
         libs = len(self.libraries)

@@ -47,20 +47,10 @@ class Options(Frozen):
     device), ``cuda`` and ``cuda_program``, ``runtime`` (the gpuhook-runtime to test; "" for
     the one installed beside this gpuhook)."""
 
-    __slots__ = ("cuda", "cuda_program", "gpus", "runtime")
-    gpus: tuple[str, ...]
-    cuda: bool
-    cuda_program: str
-    runtime: str
-
-    def __init__(
-        self,
-        gpus: tuple[str, ...] = (),
-        cuda: bool = False,
-        cuda_program: str = "",
-        runtime: str = "",
-    ) -> None:
-        _init(self, gpus=tuple(gpus), cuda=cuda, cuda_program=cuda_program, runtime=runtime)
+    gpus: tuple[str, ...] = ()
+    cuda: bool = False
+    cuda_program: str = ""
+    runtime: str = ""
 
 
 class Container(Frozen):
@@ -68,7 +58,6 @@ class Container(Frozen):
     saw, and its decision record as ``gpuhook inspect container`` finds it (None, with
     ``record_problem``, when it is not found)."""
 
-    __slots__ = ("bundle", "container_id", "ran", "record", "record_problem", "seen")
     container_id: str
     bundle: str
     ran: lifecycle.Ran
