@@ -124,6 +124,32 @@ def test_the_pure_core_imports_config_values_and_no_config_io() -> None:
     assert not _granted(_allowed("model"), "gpuhook.config.types")
 
 
+# Cold code: never imported on the container-create path (test_hot_path_imports.py holds what is).
+COLD = ("cli", "engines", "node", "selftest")
+
+
+def test_cold_packages_write_ordinary_imports() -> None:
+    """The create path's rules (lazy imports, the TYPE_CHECKING = False trick that spares the
+    typing import) stay on the modules it imports; the cold packages import at the top."""
+    wrong = []
+    for package in COLD:
+        for path in sorted((SRC / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for node in tree.body:
+                if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "TYPE_CHECKING" for t in node.targets
+                ):
+                    wrong.append(f"{path.relative_to(SRC)}:{node.lineno} TYPE_CHECKING = ...")
+            for fn in ast.walk(tree):
+                if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                    wrong += [
+                        f"{path.relative_to(SRC)}:{n.lineno} import in {fn.name}"
+                        for n in ast.walk(fn)
+                        if isinstance(n, ast.Import | ast.ImportFrom)
+                    ]
+    assert wrong == []
+
+
 def _long_functions(root: Path) -> list[str]:
     long = []
     for path in sorted(root.rglob("*.py")):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhook.cli import doctor
+from gpuhook.cli import doctor, doctor_engines
 from gpuhook.cli.commands import run
 from gpuhook.runtime import service, shim, wire
 from gpuhook.runtime.wire import DECLINE, EXEC, EXIT, MAX_REPLY, MAX_REQUEST, PROTOCOL
@@ -251,7 +251,7 @@ def _doctor_line(tmp_path: Path, socket_path: str) -> doctor.Result:
     config = tmp_path / "config.yaml"
     config.write_text(f"runtime:\n  service: '{socket_path}'\nstate_dir: {tmp_path}\n")
     node = doctor.Node(str(config))
-    result = doctor.check_runtime_service(node)
+    result = doctor_engines.check_runtime_service(node)
     assert isinstance(result, doctor.Result)
     return result
 

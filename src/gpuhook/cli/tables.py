@@ -5,11 +5,11 @@ seconds. The decisions (``inspect spec|container|pod``) are :mod:`gpuhook.cli.de
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from gpuhook.cli.render import age, mib, paint, section, table
 from gpuhook.inventory.catalog import LIBRARIES
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

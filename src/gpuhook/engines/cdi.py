@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import NamedTuple
+from importlib import resources
+from typing import TYPE_CHECKING, NamedTuple
+
+import jsonschema
+import yaml
 
 from gpuhook.errors import CdiError
 from gpuhook.fsutil import atomic_write
@@ -27,7 +31,6 @@ from gpuhook.model.edits import ContainerEdits, Hook, Mount
 from gpuhook.pipeline import driverfiles, inject
 from gpuhook.pipeline.request import ENV_VISIBLE, MARKER_ROOTS, MARKER_SOURCE
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
@@ -123,7 +126,6 @@ def _cdi_edits(edits: ContainerEdits) -> dict[str, Any]:
 
 def validate(data: Any) -> None:
     """Check ``data`` against the CDI JSON schema (shipped in ``gpuhook/schemas``)."""
-    import jsonschema
 
     schema = _schema("cdi.schema.json")
     store = {"defs.json": _schema("cdi.defs.json")}
@@ -137,8 +139,6 @@ def validate(data: Any) -> None:
 
 
 def _schema(name: str) -> dict[str, Any]:
-    from importlib import resources
-
     loaded: dict[str, Any] = json.loads(
         resources.files("gpuhook").joinpath(f"schemas/{name}").read_bytes()
     )
@@ -150,8 +150,6 @@ def load(path: str) -> Any:
     with open(path, "rb") as fh:
         raw = fh.read()
     if format_for(path) == "yaml":
-        import yaml
-
         try:
             return yaml.safe_load(raw)
         except yaml.YAMLError as exc:
@@ -162,8 +160,6 @@ def load(path: str) -> Any:
 def render(data: dict[str, Any], fmt: str) -> bytes:
     """The spec as JSON or YAML text."""
     if fmt == "yaml":
-        import yaml
-
         return yaml.safe_dump(data, sort_keys=False).encode()
     return json.dumps(data, indent=2).encode() + b"\n"
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 from gpuhook.model.frozen import Frozen, _init
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import TYPE_CHECKING
 
 from gpuhook.errors import UsageError
+from gpuhook.inventory import driverroot
 from gpuhook.model.decision import VERDICT_SUPERSEDED
 from gpuhook.model.frozen import Frozen, _init
 from gpuhook.selftest import bundle, cuda
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuhook.model.inventory import Gpu, Inventory, MigDevice
     from gpuhook.selftest.session import Container, Session
@@ -115,7 +116,6 @@ def check_plain(session: Session) -> Result:
 
 def host_nodes_problem(session: Session, target: Target) -> str:
     """Why the target's device nodes are not on the host as the inventory lists them."""
-    from gpuhook.inventory import driverroot
 
     dev_root = session.config.dev_root
     gpu = target.gpu

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import TYPE_CHECKING
 
 from gpuhook.model.frozen import Frozen
 from gpuhook.runtime import locate
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
 

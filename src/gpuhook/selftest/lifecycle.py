@@ -10,15 +10,16 @@ bundle.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
 import subprocess
 import time
+from typing import TYPE_CHECKING
 
 from gpuhook.model.frozen import Frozen
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -42,7 +43,6 @@ class Ran(Frozen):
 
 def become_subreaper(on: bool = True) -> bool:
     """Make this process the child subreaper of its descendants (or stop being one)."""
-    import ctypes
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)

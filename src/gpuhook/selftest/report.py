@@ -3,9 +3,12 @@ ran, and their table (the JSON and YAML forms are the view itself)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from gpuhook.cli.render import paint
+from gpuhook.cli.render import table as columns
 from gpuhook.model.frozen import Frozen, _init
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -81,8 +84,6 @@ def view(
 
 def table(data: dict[str, Any], color: bool = False) -> str:
     """The check lines (a failure with its fix), the timings, then the summary."""
-    from gpuhook.cli.render import paint
-    from gpuhook.cli.render import table as columns
 
     checks = data["checks"]
     width = max((len(c["check"]) for c in checks), default=5)

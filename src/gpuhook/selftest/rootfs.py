@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from typing import TYPE_CHECKING
 
 from gpuhook.errors import NodeInstallError
 from gpuhook.model.frozen import Frozen
+from gpuhook.node import bundle
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
@@ -96,7 +97,6 @@ def build(
 
 def _interpreter(path: str) -> str:
     """The program's dynamic loader; "" for a static program (or a script)."""
-    from gpuhook.node import bundle
 
     if not bundle.is_elf(path):
         return ""

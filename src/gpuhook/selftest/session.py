@@ -17,16 +17,17 @@ import shutil
 import signal
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 from gpuhook.config.types import ENV_CONFIG
 from gpuhook.errors import GpuhookError
 from gpuhook.model.frozen import Frozen, _init
-from gpuhook.records import execenv
+from gpuhook.records import execenv, lookup
+from gpuhook.records.ids import link_path
 from gpuhook.runtime import locate
 from gpuhook.selftest import bundle, lifecycle, rootfs
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result, Timing
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
@@ -199,7 +200,6 @@ class Session:
 
     def _record(self, cid: str) -> tuple[Record | None, str]:
         """The container's record as ``gpuhook inspect container`` finds it."""
-        from gpuhook.records import lookup
 
         try:
             entry = lookup.find(self.config, cid)
@@ -211,7 +211,6 @@ class Session:
         """Remove the container's record link and exec-env marker (gpuhook-runtime's delete
         removes the marker; an interrupted run may leave it). Only links into this run's temp
         folder are touched. Returns what could not be removed ("" when nothing is left)."""
-        from gpuhook.records.ids import link_path
 
         link = link_path(self.config.records_dir, cid)
         if _points_into(link, self.work_dir):
