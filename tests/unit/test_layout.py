@@ -13,6 +13,7 @@ SUBPACKAGES = sorted(p.parent.name for p in SRC.glob("*/__init__.py") if p.paren
 TOP = "top-level"
 MAX_TOP_LEVEL_MODULES = 12
 MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 600
 
 
 def _allowed(package: str) -> set[str]:
@@ -163,3 +164,13 @@ def _long_functions(root: Path) -> list[str]:
 
 def test_no_function_is_longer_than_60_lines() -> None:
     assert _long_functions(SRC) == []
+
+
+def test_no_module_is_longer_than_600_lines() -> None:
+    """One owner per concept at module scale: a module past this holds more than one."""
+    long = [
+        f"{p.relative_to(SRC)} ({n})"
+        for p in sorted(SRC.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert long == []
