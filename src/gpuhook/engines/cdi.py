@@ -126,16 +126,38 @@ def _cdi_edits(edits: ContainerEdits) -> dict[str, Any]:
 
 def validate(data: Any) -> None:
     """Check ``data`` against the CDI JSON schema (shipped in ``gpuhook/schemas``)."""
-
-    schema = _schema("cdi.schema.json")
-    store = {"defs.json": _schema("cdi.defs.json")}
-    resolver = jsonschema.RefResolver("", schema, store=store)
-    errors = sorted(
-        jsonschema.Draft7Validator(schema, resolver=resolver).iter_errors(data), key=str
-    )
+    errors = sorted(jsonschema.Draft7Validator(cdi_schema()).iter_errors(data), key=str)
     if errors:
         where = "/".join(str(p) for p in errors[0].absolute_path) or "(top)"
         raise CdiError(f"the CDI spec is invalid at {where}: {errors[0].message}")
+
+
+DEFS_REF = "defs.json#"
+
+
+def cdi_schema() -> dict[str, Any]:
+    """The CDI schema as one document: ``cdi.defs.json``'s definitions merged in, its
+    ``defs.json#/...`` references made local (``#/...``). Any jsonschema version resolves it
+    (Debian 12's 4.10 has no ``referencing``; ``RefResolver`` is deprecated since 4.18)."""
+    schema: dict[str, Any] = _local_refs(_schema("cdi.schema.json"))
+    definitions = _schema("cdi.defs.json")["definitions"]
+    if set(definitions) & set(schema.get("definitions", {})):
+        raise ValueError("cdi.defs.json and cdi.schema.json define the same name")
+    schema["definitions"] = {**definitions, **schema.get("definitions", {})}
+    return schema
+
+
+def _local_refs(node: Any) -> Any:
+    """``node`` with every ``$ref`` into ``defs.json`` pointing into the document itself."""
+    if isinstance(node, dict):
+        out = {k: _local_refs(v) for k, v in node.items()}
+        ref = out.get("$ref")
+        if isinstance(ref, str) and ref.startswith(DEFS_REF):
+            out["$ref"] = "#" + ref[len(DEFS_REF) :]
+        return out
+    if isinstance(node, list):
+        return [_local_refs(v) for v in node]
+    return node
 
 
 def _schema(name: str) -> dict[str, Any]:
