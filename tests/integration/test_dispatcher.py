@@ -354,7 +354,7 @@ ANSWERS = {
 
 
 @pytest.mark.parametrize("answer", sorted(ANSWERS))
-def test_a_marked_create_is_offered_to_the_service(served: Node, answer: bytes) -> None:
+def test_a_marked_create_is_offered_to_the_service(served: Node, answer: str) -> None:
     """The request carries the argv (argv[0]: the dispatcher), the environment with
     GPUHOOK_SELF, and the caller's stdio and working folder; the dispatcher does what the answer
     says: exec the runtime named, exit with the code given, or start Python itself."""

@@ -211,7 +211,7 @@ def _run(spec: dict[str, Any]) -> Any:
         spec,
         f.config(),
         inventory_source=lambda _c: f.inventory(8, {6: 3}),
-        checkpoint_source=lambda *_a: None,
+        checkpoint_source=lambda *_a: None,  # type: ignore[arg-type]
         rootfs="/containers/abc/rootfs",
     )
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -90,8 +91,13 @@ def test_compiled_cache_is_used_and_invalidated(
         "info",
         "/run/gpuhook/runtime.sock",
     ]
-    calls = []
-    monkeypatch.setattr(config_loading, "compile_file", lambda p: calls.append(p) or {})
+    calls: list[str] = []
+
+    def compile_file(path: str) -> dict[str, Any]:
+        calls.append(path)
+        return {}
+
+    monkeypatch.setattr(config_loading, "compile_file", compile_file)
     assert config_loading.load(path).state_dir == "/one" and not calls  # served from the cache
     monkeypatch.undo()
     monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path / "cache"))

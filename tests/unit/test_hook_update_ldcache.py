@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,7 +67,7 @@ def fake_ldconfig(tmp_path: Path) -> Path:
     return script
 
 
-def _record(ldconfig: Path) -> dict[str, object]:
+def _record(ldconfig: Path) -> dict[str, Any]:
     text = (ldconfig.parent / "record").read_text()
     argv, env, rest = text.split("---\n")
     cwd, data, cpu = rest.split()

@@ -11,7 +11,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ def bundle_of(folder: Path, spec: dict[str, Any]) -> Path:
 
 def create(
     monkeypatch: pytest.MonkeyPatch, config: Path, bundle: Path, cid: str
-) -> tuple[list[dict[str, Any]], Exec]:
+) -> tuple[list[MutableMapping[str, Any]], Exec]:
     """Run the shim's create in this process; returns the events and the runtime exec."""
     monkeypatch.setenv("GPUHOOK_CONFIG", str(config))
     monkeypatch.setattr(os, "execv", fake_execv)
@@ -178,7 +178,7 @@ def test_the_debug_switch_in_the_hook(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("GPUHOOK_CONFIG", str(config))
     monkeypatch.chdir(tmp_path)  # the hook changes to /; this puts the test's cwd back after
 
-    def hook(ldconfig: str) -> list[dict[str, Any]]:
+    def hook(ldconfig: str) -> list[MutableMapping[str, Any]]:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(state.encode())))
         with captured() as events:
             assert hooks.main(["update-ldcache", "--ldconfig", ldconfig]) == 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuhook.config import loading as config_loading
 from gpuhook.engines import readers
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gpuhook.model.inventory import Inventory
 
 CheckFunction = Callable[["Node"], "Result | list[Result]"]
+F = TypeVar("F", bound=CheckFunction)
 
 PASS = "pass"  # noqa: S105 - a status word
 WARN = "warn"
@@ -121,14 +122,14 @@ CHECKS: list[Check] = []
 
 def register(
     name: str, *, needs_config: bool = True, before: str | tuple[str, ...] | None = None
-) -> Callable[[CheckFunction], CheckFunction]:
+) -> Callable[[F], F]:
     """Decorator: add a check (or replace the one of that name, in place). ``before`` puts a
     new check ahead of the named one (of the first registered of several names); otherwise it
     goes last. ``needs_config``: skipped, with a pointer to the config check, when the config is
     invalid."""
     names = (before,) if isinstance(before, str) else before or ()
 
-    def decorate(function: CheckFunction) -> CheckFunction:
+    def decorate(function: F) -> F:
         check = Check(name, function, needs_config)
         for i, existing in enumerate(CHECKS):
             if existing.name == name:
@@ -141,13 +142,11 @@ def register(
     return decorate
 
 
-def section(*later: str) -> Callable[..., Callable[[CheckFunction], CheckFunction]]:
+def section(*later: str) -> Callable[..., Callable[[F], F]]:
     """:func:`register` for one module of checks: each goes ahead of the first check of the
     later modules (``later``: their first checks' names) already registered, else last."""
 
-    def register_in_section(
-        name: str, *, needs_config: bool = True
-    ) -> Callable[[CheckFunction], CheckFunction]:
+    def register_in_section(name: str, *, needs_config: bool = True) -> Callable[[F], F]:
         return register(name, needs_config=needs_config, before=later)
 
     return register_in_section
