@@ -297,7 +297,7 @@ def make_node(
             )
     refresh = subprocess.run(
         [hook, "inventory", "refresh"],
-        env={"PATH": BASE_PATH, "GPUHOOK_CONFIG": config},
+        env={"PATH": BASE_PATH, "GPUHOOK_CONFIG": config, **cache_env(truth)},
         capture_output=True,
         text=True,
         check=False,
@@ -309,15 +309,20 @@ def make_node(
     return truth
 
 
+def cache_env(truth: dict[str, Any]) -> dict[str, str]:
+    """The fake node's own gpuhook config cache (GPUHOOK_CACHE_DIR), never the host's /run."""
+    return {"GPUHOOK_CACHE_DIR": truth["env"]["GPUHOOK_CACHE_DIR"]}
+
+
 def start_service(
-    hook: str, socket: str, config: str, output: str, timeout_s: float = 60.0
+    hook: str, socket: str, truth: dict[str, Any], output: str, timeout_s: float = 60.0
 ) -> subprocess.Popen[bytes]:
-    """``gpuhook runtime serve`` on ``socket``, once it listens. Its stdout and stderr go to the
-    file ``output`` (a pipe nobody reads would block it once full)."""
+    """``gpuhook runtime serve`` on ``socket`` for the fake node ``truth``, once it listens. Its
+    stdout and stderr go to the file ``output`` (a pipe nobody reads would block it once full)."""
     with open(output, "wb") as out:
         proc = subprocess.Popen(
             [hook, "runtime", "serve", "--socket", socket],
-            env={"PATH": BASE_PATH, "GPUHOOK_CONFIG": config},
+            env={"PATH": BASE_PATH, "GPUHOOK_CONFIG": truth["bench_config"], **cache_env(truth)},
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -437,8 +442,7 @@ class Bench:
         self.runtimes = [Runtime("runc", o.runc, dict(base_env))]
         self.runtimes.append(Runtime(GPUHOOK, o.runtime, dict(base_env)))
         if socket:
-            config = self.node_a["bench_config"]
-            self.service = start_service(o.hook, socket, config, self.service_log)
+            self.service = start_service(o.hook, socket, self.node_a, self.service_log)
             self.socket = socket
             self.log(f"runtime service listening on {socket} (pid {self.service.pid})")
             if o.compare_python:
@@ -526,7 +530,7 @@ class Bench:
         with open(os.path.join(path, "config.json"), "rb") as fh:
             original = fh.read()
         truth = self.node_a if node == "a" else self.node_b
-        env = dict(rt.env)
+        env = {**rt.env, **cache_env(truth)}
         env["GPUHOOK_CONFIG"] = truth["bench_config"]
         if rt.name == GPUHOOK_PYTHON:
             env["GPUHOOK_CONFIG"] = truth["bench_config_python"]

@@ -151,6 +151,9 @@ def make_fake_node(path: Path, *args: str) -> FakeNode:
         if line.startswith("export "):
             key, _, value = line[len("export ") :].partition("=")
             env[key] = value.strip("'\"")
+    # one config cache folder for every gpuhook the session starts (tests/hostguard.py), so that
+    # a test computing a cache path in this process finds what its subprocesses wrote
+    env["GPUHOOK_CACHE_DIR"] = os.environ["GPUHOOK_CACHE_DIR"]
     truth = json.loads((path / "node.json").read_text())
     return FakeNode(path, truth, env)
 

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from gpuhook import config as config_mod
-from gpuhook.config import Config
+from gpuhook.config import loading as config_loading
+from gpuhook.config.types import Config
 from gpuhook.model.inventory import DeviceNode, Gpu, HostFile, Inventory, Library, MigDevice
 from gpuhook.pipeline.request import PRIVILEGED_CAPS
+
+HOOK_PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def hook_env() -> list[str]:
+    """The env of a hook gpuhook adds, for a config of :func:`config`: PATH, and the session's
+    config cache folder (tests/hostguard.py), as a runtime with GPUHOOK_CACHE_DIR passes it on."""
+    return [HOOK_PATH_ENV, f"GPUHOOK_CACHE_DIR={os.environ['GPUHOOK_CACHE_DIR']}"]
 
 
 def gpu_uuid(i: int) -> str:
@@ -126,7 +135,7 @@ def inventory(
 
 
 def config(**overrides: Any) -> Config:
-    data = config_mod._merge(config_mod.DEFAULTS, {})
+    data = config_loading._merge(config_loading.DEFAULTS, {})
     data["cdi"]["spec_dirs"] = []  # never the host's CDI folders (cdi__spec_dirs to set some)
     for dotted, value in overrides.items():
         node = data

@@ -1,19 +1,48 @@
 """No test writes the host's folders: a pytest plugin (loaded by tests/conftest.py).
 
-Tests write only inside their temp folders. The folders below belong to the node (an operator's
-CDI specs, which every CDI-aware engine reads; a spec left there by a test once broke the podman
-tests with "conflicting device"). At the end of the session, a file added, changed or removed
-under them fails the run, naming the file.
+Tests write only inside their temp folders. The folders below belong to the node: an operator's
+CDI specs, which every CDI-aware engine reads (a spec left there by a test once broke the podman
+tests with "conflicting device"), and gpuhook's own ``/run/gpuhook`` (the node's config cache,
+runtime pointer, service socket and MPS folders). At the end of the session, a file added,
+changed or removed under them fails the run, naming the file.
+
+gpuhook caches each config it loads under ``GPUHOOK_CACHE_DIR`` (default /run/gpuhook/config):
+the session sets it to a folder of its own for every gpuhook it starts, as an operator running a
+second gpuhook beside the node's would (each fake node exports its own as well).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
-WATCHED = ("/etc/cdi", "/var/run/cdi")
+WATCHED = ("/etc/cdi", "/var/run/cdi", "/run/gpuhook")
+ENV_CACHE_DIR = "GPUHOOK_CACHE_DIR"
 _BEFORE = pytest.StashKey[dict[str, tuple[int, int]]]()
+_CACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's gpuhook config cache: a temp folder, in this process's environment (so in
+    every process it starts with it), removed at the end."""
+    folder = tempfile.mkdtemp(prefix="gpuhook-test-cache-")
+    config.stash[_CACHE] = folder
+    os.environ[ENV_CACHE_DIR] = folder
+
+
+def session_env() -> dict[str, str]:
+    """The start of an environment a test builds from nothing for a gpuhook it runs: PATH and
+    the session's config cache folder."""
+    return {key: os.environ[key] for key in ("PATH", ENV_CACHE_DIR)}
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_CACHE, "")
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def snapshot(folders: tuple[str, ...] | None = None) -> dict[str, tuple[int, int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from tests import factories as f
 
 
 @contextmanager
-def captured() -> Iterator[list[dict[str, Any]]]:
+def captured() -> Iterator[list[MutableMapping[str, Any]]]:
     """structlog's capture of every event gpuhook logs in this process while inside. gpuhook's
     own configure() calls inside keep their level (a debug event is filtered at level info)
     but no longer reset the capture."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 # (names, takes a value)
-GLOBAL = [
+Table = list[tuple[tuple[str, ...], bool]]
+GLOBAL: Table = [
     (("debug",), False),
     (("log",), True),
     (("log-format",), True),
@@ -23,7 +24,7 @@ GLOBAL = [
     (("rootless",), True),
     (("cgroup-manager",), True),  # crun
 ]
-CREATE = [
+CREATE: Table = [
     (("bundle", "b"), True),
     (("console-socket",), True),
     (("pid-file",), True),
@@ -33,7 +34,7 @@ CREATE = [
     (("pidfd-socket",), True),  # runc 1.2
 ]
 RUN = [*CREATE, (("detach", "d"), False), (("keep",), False), (("no-subreaper",), False)]
-RESTORE = [
+RESTORE: Table = [
     (("console-socket",), True),
     (("image-path",), True),
     (("work-path",), True),
@@ -53,7 +54,7 @@ RESTORE = [
     (("lsm-profile",), True),
     (("lsm-mount-context",), True),
 ]
-EXEC = [
+EXEC: Table = [
     (("console-socket",), True),
     (("cwd",), True),
     (("env", "e"), True),
@@ -71,8 +72,10 @@ EXEC = [
     (("cgroup",), True),
     (("ignore-paused",), False),
 ]
-DELETE = [(("force", "f"), False)]
-COMMANDS = {"create": CREATE, "run": RUN, "restore": RESTORE, "exec": EXEC, "delete": DELETE}
+DELETE: Table = [(("force", "f"), False)]
+COMMANDS: dict[str, Table] = {
+    "create": CREATE, "run": RUN, "restore": RESTORE, "exec": EXEC, "delete": DELETE
+}  # fmt: skip
 OTHER_COMMANDS = ["start", "state", "kill", "list", "ps", "pause", "resume", "events", "update"]
 
 paths = st.text(alphabet="abcdefghijklmnopqrstuvwxyz._-", min_size=1, max_size=10).map(

@@ -31,19 +31,19 @@ sys.path.insert(0, str(REPO / "tools"))
 
 import testbed  # noqa: E402
 
-from gpuhook.runtime import service  # noqa: E402
+from gpuhook.runtime import wire  # noqa: E402
 
 DECLINED_EXIT = 75
 NO_SERVICE_EXIT = 69
 
 
 class Reply:
-    """What the service answered: ``kind`` is ``service.EXEC``/``EXIT``/``DECLINE``, or b""
+    """What the service answered: ``kind`` is ``wire.EXEC``/``EXIT``/``DECLINE``, or b""
     when it closed the connection without a reply."""
 
     def __init__(self, data: bytes) -> None:
         self.raw = data
-        self.kind, self.payload = service.decode_reply(data) if data else (b"", b"")
+        self.kind, self.payload = wire.decode_reply(data) if data else (b"", b"")
 
     @property
     def text(self) -> str:
@@ -75,9 +75,9 @@ def request(
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
             sock.settimeout(timeout)
             sock.connect(str(socket_path))
-            message = service.encode_request(list(argv), [f"{k}={v}" for k, v in env.items()])
+            message = wire.encode_request(list(argv), [f"{k}={v}" for k, v in env.items()])
             socket.send_fds(sock, [message], [*stdio, folder])
-            return Reply(sock.recv(service.MAX_REPLY))
+            return Reply(sock.recv(wire.MAX_REPLY))
     finally:
         for fd in own:
             os.close(fd)
@@ -167,11 +167,11 @@ def _main(args: list[str]) -> int:
         return NO_SERVICE_EXIT
     if reply_file:
         Path(reply_file).write_bytes(reply.raw)
-    if reply.kind == service.EXEC:
+    if reply.kind == wire.EXEC:
         os.execv(reply.payload, [reply.payload, *map(os.fsencode, argv[1:])])
-    if reply.kind == service.EXIT:
+    if reply.kind == wire.EXIT:
         return int(reply.payload)
-    if reply.kind == service.DECLINE:
+    if reply.kind == wire.DECLINE:
         sys.stderr.write(f"declined: {reply.text}\n")
         return DECLINED_EXIT
     sys.stderr.write("gpuhook: the runtime service closed the connection without a reply\n")

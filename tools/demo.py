@@ -110,7 +110,10 @@ def main() -> None:
     finally:
         service.terminate()
         service.wait(timeout=30)
-    print(f"\nDemo files are in {DEMO}. Use: export GPUHOOK_CONFIG={env['GPUHOOK_CONFIG']}")
+    print(
+        f"\nDemo files are in {DEMO}. Use: export GPUHOOK_CONFIG={env['GPUHOOK_CONFIG']} "
+        f"GPUHOOK_CACHE_DIR={env['GPUHOOK_CACHE_DIR']}"
+    )
 
 
 def containers(env: dict[str, str], checkpoint: str) -> None:

@@ -131,6 +131,10 @@ The config file every gpuhook executable uses instead of /etc/gpuhook/config.yam
 .B GPUHOOK_DEBUG
 Set to 1 for debug logging in every executable.
 .TP
+.B GPUHOOK_CACHE_DIR
+The folder of the compiled config caches and gpuhook\-runtime's pointers, instead of
+/run/gpuhook/config (an absolute path; a second gpuhook beside the node's keeps its own).
+.TP
 .B NO_COLOR
 Set to turn off colour in tables.
 .SH FILES

@@ -34,10 +34,12 @@ def short_dir(prefix: str) -> Path:
 
 def daemon_env(gpuhook_config: str) -> dict[str, str]:
     """What the daemons run with: build/bin first on PATH (dockerd looks up
-    nvidia-container-runtime-hook there at start) and the fake node's gpuhook config."""
+    nvidia-container-runtime-hook there at start), the fake node's gpuhook config and the
+    session's config cache (tests/hostguard.py)."""
     return {
         "PATH": f"{testbed.BUILD_BIN}:{BASE_PATH}",
         "GPUHOOK_CONFIG": gpuhook_config,
+        "GPUHOOK_CACHE_DIR": os.environ["GPUHOOK_CACHE_DIR"],
         "HOME": "/root",
     }
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import testbed
 
-from gpuhook import config as config_mod
+from gpuhook.config import cache as config_cache
 from tests.conftest import FakeNode
 
 pytestmark = pytest.mark.root
@@ -50,7 +50,7 @@ def cached(node: FakeNode, tmp_path: Path) -> tuple[dict[str, str], Path, str, P
     configured, planted, out = recorders(tmp_path)
     env = node.variant(tmp_path, runtime={"path": configured})
     assert passthrough(env).returncode == 42  # the first call compiles the cache
-    cache = Path(config_mod.cache_dir_for(env["GPUHOOK_CONFIG"]))
+    cache = Path(config_cache.cache_dir_for(env["GPUHOOK_CONFIG"]))
     assert (cache / "runtime").read_text().splitlines()[0] == configured
     return env, cache, planted, out
 
@@ -74,7 +74,7 @@ def test_the_runtime_pointer_is_used(cached: tuple[dict[str, str], Path, str, Pa
 def test_an_untrusted_runtime_pointer_is_ignored(
     cached: tuple[dict[str, str], Path, str, Path], how: str
 ) -> None:
-    """Issue 16.6: the dispatcher refuses what gpuhook.config.trusted_file refuses."""
+    """Issue 16.6: the dispatcher refuses what gpuhook.config.cache.trusted_file refuses."""
     env, cache, planted, out = cached
     pointer = cache / "runtime"
     plant_pointer(pointer, planted)
@@ -102,12 +102,12 @@ def test_python_writes_an_untrusted_pointer_anew(
     and writes the pointer anew (a new file: the planted text and the loose mode are gone)."""
     env, cache, planted, out = cached
     pointer = cache / "runtime"
-    assert pointer.stat().st_mode & 0o7777 == config_mod.POINTER_MODE
+    assert pointer.stat().st_mode & 0o7777 == config_cache.POINTER_MODE
     plant_pointer(pointer, planted)
     pointer.chmod(0o664)
     assert passthrough(env).returncode == 42
     assert out.read_text() == "configured\n"
-    assert pointer.stat().st_mode & 0o7777 == config_mod.POINTER_MODE
+    assert pointer.stat().st_mode & 0o7777 == config_cache.POINTER_MODE
     assert pointer.read_text().splitlines()[0] != planted
     assert passthrough(env).returncode == 42  # and the dispatcher uses it again
     assert out.read_text() == "configured\n"

@@ -27,11 +27,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuhook import config as config_mod
 from gpuhook import markers
+from gpuhook.config import cache as config_cache
 from gpuhook.records import execenv
-from gpuhook.runtime import dispatch, runc_argv, service
+from gpuhook.runtime import dispatch, locate, runc_argv, wire
 from tests import runc_grammar
+from tests.hostguard import session_env
 
 pytestmark = pytest.mark.root
 
@@ -66,13 +67,14 @@ class Node:
             dispatch.render_c(template), str(self.dispatcher), [str(root / "python")]
         )
         self.socket = ""
-        self.pointer = Path(config_mod.cache_dir_for(str(self.config))) / config_mod.POINTER_NAME
+        cache_dir = Path(config_cache.cache_dir_for(str(self.config)))
+        self.pointer = cache_dir / config_cache.POINTER_NAME
         self.pointer.parent.mkdir(parents=True, exist_ok=True)
         self.write_pointer()
 
     def write_pointer(self, level: str = "info") -> None:
         self.pointer.write_text(f"{self.root / 'runtime'}\n{self.state}\n{level}\n{self.socket}\n")
-        self.pointer.chmod(config_mod.POINTER_MODE)
+        self.pointer.chmod(config_cache.POINTER_MODE)
 
     def run(self, argv: list[str], cwd: Path, **env: str) -> str:
         return self.call(argv, cwd, **env).stdout.strip()
@@ -81,7 +83,7 @@ class Node:
         return subprocess.run(
             [str(self.dispatcher), *argv],
             cwd=cwd,
-            env={"PATH": os.environ["PATH"], "GPUHOOK_CONFIG": str(self.config), **env},
+            env={**session_env(), "GPUHOOK_CONFIG": str(self.config), **env},
             capture_output=True,
             text=True,
             check=False,
@@ -225,13 +227,13 @@ def test_a_marked_delete_killed_by_a_signal_exits_128_plus_the_signal_on_both_pa
     marker.write_text('{"root": "", "set": [], "unset": []}')
     cfg = tmp_path / "config.yaml"
     cfg.write_text(f"state_dir: {state}\nruntime:\n  path: {runtime}\n  service: ''\n")
-    entry = REPO / "src" / "gpuhook" / config_mod.SHIM_ENTRY
+    entry = REPO / "src" / "gpuhook" / locate.SHIM_ENTRY
     dispatcher = tmp_path / "gpuhook-runtime"
     template = (REPO / "packaging" / "gpuhook-runtime.c.in").read_text()
     dispatch.compile_c(
         dispatch.render_c(template), str(dispatcher), [sys.executable, "-I", "-S", str(entry)]
     )
-    env = {"PATH": os.environ["PATH"], "GPUHOOK_CONFIG": str(cfg)}
+    env = {**session_env(), "GPUHOOK_CONFIG": str(cfg)}
     for argv in ([sys.executable, "-I", "-S", str(entry)], [str(dispatcher)]):
         out = subprocess.run(
             [*argv, "delete", "c1"], env=env, capture_output=True, text=True, check=False
@@ -245,7 +247,7 @@ HOWS = ["control", "root-0600", "symlink", "owner", "chmod-664", "chmod-646", "f
 
 @pytest.mark.parametrize("how", HOWS)
 def test_pointer_trust_is_the_python_rule(node: Node, how: str) -> None:
-    """The dispatcher acts on the pointer only when gpuhook.config.trusted_file trusts it (a
+    """The dispatcher acts on the pointer only when gpuhook.config.cache.trusted_file trusts it (a
     regular file, not a link, owned by root or this user, writable by no one else)."""
     cwd = node.root / "cwd"
     cwd.mkdir(exist_ok=True)
@@ -253,7 +255,7 @@ def test_pointer_trust_is_the_python_rule(node: Node, how: str) -> None:
     real = node.pointer.with_name("real")
     if how == "symlink":
         real.write_text(node.pointer.read_text())
-        real.chmod(config_mod.POINTER_MODE)
+        real.chmod(config_cache.POINTER_MODE)
         node.pointer.unlink()
         node.pointer.symlink_to(real)
     elif how == "owner":
@@ -266,7 +268,7 @@ def test_pointer_trust_is_the_python_rule(node: Node, how: str) -> None:
     elif how != "control":
         node.pointer.chmod(0o664 if how == "chmod-664" else 0o646)
     st = os.lstat(node.pointer)
-    trusted = config_mod.trusted_file(st)
+    trusted = config_cache.trusted_file(st)
     try:
         assert node.run(["state", "c1"], cwd) == ("runtime" if trusted else "python")
         assert trusted == (how in ("control", "root-0600"))
@@ -277,6 +279,26 @@ def test_pointer_trust_is_the_python_rule(node: Node, how: str) -> None:
             node.pointer.unlink()
         real.unlink(missing_ok=True)
         node.write_pointer()
+
+
+def test_the_pointer_is_read_in_the_folder_gpuhook_cache_dir_names(
+    node: Node, tmp_path: Path
+) -> None:
+    """The dispatcher finds the pointer where Python writes it (gpuhook.config.cache.cache_root):
+    under GPUHOOK_CACHE_DIR; a folder without it, or a value that is not a plain absolute path,
+    leaves the call to Python."""
+    cwd = node.root / "cwd"
+    cwd.mkdir(exist_ok=True)
+    assert str(node.pointer).startswith(os.environ["GPUHOOK_CACHE_DIR"] + "/")
+    assert node.run(["state", "c1"], cwd) == "runtime"
+    moved = tmp_path / "elsewhere"
+    target = moved / node.pointer.relative_to(os.environ["GPUHOOK_CACHE_DIR"])
+    target.parent.mkdir(parents=True)
+    target.write_bytes(node.pointer.read_bytes())
+    target.chmod(config_cache.POINTER_MODE)
+    assert node.run(["state", "c1"], cwd, GPUHOOK_CACHE_DIR=str(moved)) == "runtime"
+    for other in (str(tmp_path / "empty"), "relative", f"{moved}/.", f"{tmp_path}/../{moved}"):
+        assert node.run(["state", "c1"], cwd, GPUHOOK_CACHE_DIR=other) == "python", other
 
 
 class FakeService:
@@ -301,7 +323,7 @@ class FakeService:
         except OSError:  # closed by the test: no call came
             return
         with conn:
-            data, fds, _, _ = socket.recv_fds(conn, service.MAX_REQUEST, 8)
+            data, fds, _, _ = socket.recv_fds(conn, wire.MAX_REQUEST, 8)
             self.words = [w.decode() for w in data.split(b"\0")[:-1]]
             self.fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in fds]
             for fd in fds:
@@ -325,14 +347,14 @@ def served(node: Node) -> Iterator[Node]:
 
 
 ANSWERS = {
-    "exec": (service.EXEC + b"{runtime}", 0, "runtime"),
-    "exit": (service.EXIT + b"7", 7, ""),
-    "decline": (service.DECLINE + b"another mount namespace", 0, "python"),
+    "exec": (wire.EXEC + b"{runtime}", 0, "runtime"),
+    "exit": (wire.EXIT + b"7", 7, ""),
+    "decline": (wire.DECLINE + b"another mount namespace", 0, "python"),
 }
 
 
 @pytest.mark.parametrize("answer", sorted(ANSWERS))
-def test_a_marked_create_is_offered_to_the_service(served: Node, answer: bytes) -> None:
+def test_a_marked_create_is_offered_to_the_service(served: Node, answer: str) -> None:
     """The request carries the argv (argv[0]: the dispatcher), the environment with
     GPUHOOK_SELF, and the caller's stdio and working folder; the dispatcher does what the answer
     says: exec the runtime named, exit with the code given, or start Python itself."""
@@ -348,14 +370,14 @@ def test_a_marked_create_is_offered_to_the_service(served: Node, answer: bytes) 
         fake.close()
     assert (done.returncode, done.stdout.strip()) == (code, took)
     words = fake.words
-    assert words[:3] == [service.PROTOCOL.decode(), "5", str(node.dispatcher)]
+    assert words[:3] == [wire.PROTOCOL.decode(), "5", str(node.dispatcher)]
     assert words[3:7] == ["--log", str(cwd / "log.json"), "create", "c1"]
     env = words[8 : 8 + int(words[7])]
     assert len(words) == 8 + int(words[7])
     assert f"GPUHOOK_SELF={node.dispatcher}" in env and "KEEP=x y" in env
     assert f"GPUHOOK_CONFIG={node.config}" in env
     assert fake.fds[0] == "/dev/null" and fake.fds[3] == str(cwd)
-    assert len(fake.fds) == service.FDS
+    assert len(fake.fds) == wire.FDS
 
 
 def test_a_service_that_ends_the_call_without_an_answer_fails_it(served: Node) -> None:
@@ -395,7 +417,7 @@ def test_without_a_listening_service_python_decides(served: Node) -> None:
     finally:
         Path(node.socket).unlink()
     (cwd / "config.json").write_bytes(NO_MARKER)
-    fake = FakeService(Path(node.socket), service.EXIT + b"9")
+    fake = FakeService(Path(node.socket), wire.EXIT + b"9")
     try:
         assert node.run(["create", "c1"], cwd) == "runtime"
     finally:

@@ -298,14 +298,11 @@ def test_own_files_broken(
     plain = containers.probe(env)
     assert plain["returncode"] == 0, plain["stderr"]  # never blocked by gpuhook's own faults
     assert plain["dev"] == []
-    for want, kw in zip(
-        FAULTS[fault],
-        (
-            {"env": ["NVIDIA_VISIBLE_DEVICES=1"]},
-            {"env": ["NVIDIA_VISIBLE_DEVICES=all"], "annotations": f.k8s()},
-        ),
-        strict=True,
-    ):
+    shapes: tuple[dict[str, Any], ...] = (
+        {"env": ["NVIDIA_VISIBLE_DEVICES=1"]},
+        {"env": ["NVIDIA_VISIBLE_DEVICES=all"], "annotations": f.k8s()},
+    )
+    for want, kw in zip(FAULTS[fault], shapes, strict=True):
         seen = containers.probe(env, **kw)
         if isinstance(want, str):
             assert seen["returncode"] == 1

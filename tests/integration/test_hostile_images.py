@@ -307,10 +307,11 @@ def test_image_env_never_reaches_gpuhook_on_the_host(
     hooks = [h for stage in spec.get("hooks", {}).values() for h in stage]
     assert hooks  # gpuhook added its createContainer hook ...
     for hook in hooks:  # ... and every hook carries its own env, none of the image's: a fixed
-        # PATH and the host-side config file gpuhook-runtime itself was started with
+        # PATH and the host-side config file and cache gpuhook-runtime itself was started with
         assert hook["env"] == [
             "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
             f"GPUHOOK_CONFIG={node.env['GPUHOOK_CONFIG']}",
+            f"GPUHOOK_CACHE_DIR={node.env['GPUHOOK_CACHE_DIR']}",
         ], hook
 
 

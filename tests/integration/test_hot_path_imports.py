@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +48,9 @@ NO_MARKER_PATH = {
     "gpuhook",
     "gpuhook._fastjson",
     "gpuhook.config",
+    "gpuhook.config.cache",
+    "gpuhook.config.loading",
+    "gpuhook.config.types",
     "gpuhook.errors",
     "gpuhook.fsutil",
     "gpuhook.log",
@@ -57,6 +61,7 @@ NO_MARKER_PATH = {
     "gpuhook.records.execenv",
     "gpuhook.records.ids",
     "gpuhook.runtime",
+    "gpuhook.runtime.locate",
     "gpuhook.runtime.ocispec",
     "gpuhook.runtime.runc_argv",
     "gpuhook.runtime.shim",
@@ -165,7 +170,7 @@ def test_full_paths_import_nothing_heavy(
         policy={"kubernetes": {"checkpoint": str(checkpoint)}},
     )
     create(k8s_env, containers.bundle(), "warm-k8s")
-    cases = {
+    cases: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         "leak": (k8s_env, {"env": ["NVIDIA_VISIBLE_DEVICES=all"], "annotations": f.k8s()}),
         "gpu1": (env, {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}),
         "gpu-all": (env, {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}),

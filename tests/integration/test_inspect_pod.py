@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import uuid as uuidlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ def test_inspect_pod_lists_each_container_with_its_decision(
     )
     env = node.variant(tmp_path, policy={"kubernetes": {"kubelet_dir": str(root)}})
     pod = {"uid": uid, "name": f"trainer-{tag}", "namespace": "ml"}
-    shapes = {
+    shapes: dict[str, dict[str, Any]] = {
         "sandbox": {"annotations": {**f.k8s(ctype="sandbox", container="", **pod),
                                     "cdi.k8s.io/x": "nvidia.com/gpu=0"}},
         "init": {"env": ["NVIDIA_VISIBLE_DEVICES=all"],

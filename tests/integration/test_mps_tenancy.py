@@ -365,7 +365,7 @@ def test_the_record_names_the_process_that_runs_the_runtimes_create(
     """MPS admission counts a container while the process that runs its runtime's create lives
     (the runtime may not know it yet): the shim's own process, or the runtime service's caller,
     which execs the runtime after the service decided."""
-    from gpuhook.runtime import service
+    from gpuhook.runtime import wire
     from tests.runtime_service import dispatcher_script
 
     env = mps.configure(gpus=[0], replicas=2)
@@ -388,4 +388,4 @@ def test_the_record_names_the_process_that_runs_the_runtimes_create(
     creator = record["runtime"]["creator"]
     assert creator["pid"] == proc.pid and creator["start"] > 0
     if through == "service":
-        assert (tmp_path / "r").read_bytes().startswith(service.EXEC)  # the service decided
+        assert (tmp_path / "r").read_bytes().startswith(wire.EXEC)  # the service decided

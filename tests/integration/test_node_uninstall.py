@@ -88,7 +88,12 @@ def test_a_restart_owed_by_a_failed_uninstall_is_done_by_the_next(
     assert record is not None
     install.write_record(str(root), record.with_pending(True))
     restarted: list[str] = []
-    monkeypatch.setattr(host, "restart", lambda engine: restarted.append(engine) or "restarted")
+
+    def restart(engine: str) -> str:
+        restarted.append(engine)
+        return "restarted"
+
+    monkeypatch.setattr(host, "restart", restart)
     lines = install.uninstall(str(root), restart=True)
     assert restarted == ["containerd"]
     assert lines.index("restarted") < lines.index("removed /etc/gpuhook")

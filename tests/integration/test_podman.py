@@ -63,6 +63,7 @@ class Podman:
             "conmon_env_vars = [\n"
             '  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",\n'
             f'  "GPUHOOK_CONFIG={gpuhook_config}",\n'
+            f'  "GPUHOOK_CACHE_DIR={os.environ["GPUHOOK_CACHE_DIR"]}",\n'
             "]\n"
         )
 
@@ -76,6 +77,7 @@ class Podman:
         ]  # fmt: skip
         env = {**os.environ, "CONTAINERS_CONF": str(self.conf)}
         env.pop("GPUHOOK_CONFIG", None)  # only conmon_env_vars reach the runtime
+        env.pop("GPUHOOK_CACHE_DIR", None)
         out = subprocess.run(
             argv, capture_output=True, text=True, env=env, timeout=180, check=False
         )

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 def call(
     env: dict[str, str], *args: str, cwd: str = "/", **kw: object
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    out: subprocess.CompletedProcess[str] = subprocess.run(
         [testbed.RUNTIME, *args],
         env={"PATH": os.environ["PATH"], **env},
         cwd=cwd,
@@ -31,6 +31,7 @@ def call(
         timeout=60,
         **kw,  # type: ignore[call-overload]
     )
+    return out
 
 
 def wait_stopped(env: dict[str, str], state: str, cid: str) -> None:

@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 import testbed
 
-from gpuhook import config as config_mod
+from gpuhook.config import loading as config_loading
 from gpuhook.records import execenv, writer
-from gpuhook.runtime import dispatch, service
+from gpuhook.runtime import dispatch, service, wire
+from gpuhook.runtime.pool import POOL
 from tests import factories as f
 from tests.conftest import Containers, FakeNode, recorder, recorder_env
 from tests.integration.test_hot_path_imports import OPERATOR_LOG
@@ -147,7 +148,11 @@ def test_a_create_through_the_service_writes_what_the_shim_process_writes(
     config = case_env(
         node, folder, case, runtime={"path": str(fake)}, log={"level": "debug", "file": str(log)}
     )
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUHOOK_CONFIG": config["GPUHOOK_CONFIG"]}
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "GPUHOOK_CONFIG": config["GPUHOOK_CONFIG"],
+        "GPUHOOK_CACHE_DIR": config["GPUHOOK_CACHE_DIR"],
+    }
     svc = runtime_service(node.env)  # its own config; each request names its own
     by_process, by_service = containers.bundle(**CASES[case]), containers.bundle(**CASES[case])
     runc_log = "runc.log"  # relative: the caller's working folder is where it goes
@@ -161,7 +166,7 @@ def test_a_create_through_the_service_writes_what_the_shim_process_writes(
     reply = svc.request(
         ["gpuhook-runtime", *argv(by_service, "svc-1")], env, cwd=tmp_path, stdio=pipes
     )
-    assert reply.kind == service.EXEC, reply
+    assert reply.kind == wire.EXEC, reply
     assert reply.text == str(fake)  # the recorder never ran for it: the caller execs it
     assert argv_file.read_text() == recorded
     assert (read_fd(pipes[1]), read_fd(pipes[2])) == ("", "")
@@ -197,7 +202,7 @@ def test_a_container_created_through_the_service_sees_what_it_was_granted(
     seen = containers.probe(env, runtime=str(runtime), **CASES[case])
     assert seen["returncode"] == 0, seen["stderr"]
     runc = node.truth.get("runtime") or shutil.which("runc")
-    assert reply_file.read_bytes() == service.EXEC + os.fsencode(os.path.realpath(str(runc)))
+    assert reply_file.read_bytes() == wire.EXEC + os.fsencode(os.path.realpath(str(runc)))
     if case == "leak":
         assert seen["dev"] == []
         assert seen["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"
@@ -241,7 +246,7 @@ def test_an_exec_through_the_service_gets_the_granted_environment(
     started = call("run", "-d", "--bundle", str(bundle), cid, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)  # fmt: skip
     assert started.returncode == 0
-    assert reply_file.read_bytes().startswith(service.EXEC)
+    assert reply_file.read_bytes().startswith(wire.EXEC)
     process = tmp_path / "process.json"
     process.write_text(
         json.dumps(
@@ -257,7 +262,7 @@ def test_an_exec_through_the_service_gets_the_granted_environment(
     try:
         out = call("exec", "--process", str(process), cid, capture_output=True)
         assert (out.returncode, out.stdout) == (0, f"NVIDIA_VISIBLE_DEVICES={uuid(node, 2)}\n")
-        assert reply_file.read_bytes().startswith(service.EXEC)  # the exec went to the service
+        assert reply_file.read_bytes().startswith(wire.EXEC)  # the exec went to the service
     finally:  # through the process shim: it also removes the exec-env marker
         subprocess.run(
             [testbed.RUNTIME, "--root", state, "delete", "-f", cid], env=env, check=False
@@ -287,7 +292,7 @@ def test_a_refused_create_is_one_line_on_the_callers_stderr(
     )
     line = "gpuhook: env NVIDIA_VISIBLE_DEVICES: unknown GPU UUID GPU-nope (this node has GPUs 0-7)"
     assert (out.returncode, out.stdout, out.stderr) == (1, "", line + "\n")
-    assert reply_file.read_bytes() == service.EXIT + b"1"
+    assert reply_file.read_bytes() == wire.EXIT + b"1"
     [entry] = [json.loads(x) for x in log.read_text().splitlines()]
     assert (entry["level"], entry["msg"]) == ("error", line)
     assert (bundle / "config.json").read_text() == before
@@ -332,7 +337,7 @@ def test_a_runtime_that_is_not_executable_is_the_shims_failure_line(
         os.close(err)
         os.close(null)
     line = f"gpuhook: cannot execute {runtime}: Permission denied\n"
-    assert (reply.kind, reply.text) == (service.EXIT, "1")
+    assert (reply.kind, reply.text) == (wire.EXIT, "1")
     assert (tmp_path / "stderr").read_text() == line
     assert (process.returncode, process.stderr) == (1, line)
 
@@ -378,7 +383,7 @@ def test_a_caller_in_another_context_is_declined(
     )
     assert out.returncode == DECLINED_EXIT, out.stderr
     assert reason in out.stderr
-    assert reply_file.read_bytes().startswith(service.DECLINE)
+    assert reply_file.read_bytes().startswith(wire.DECLINE)
     assert (bundle / "config.json").read_text() == before
     assert not (bundle / writer.RECORD_NAME).exists()
 
@@ -472,7 +477,7 @@ def raw_reply(path: Path, data: bytes, fds: list[int], sndbuf: int = 0) -> bytes
         sock.settimeout(60)
         sock.connect(str(path))
         socket.send_fds(sock, [data], fds)
-        return sock.recv(service.MAX_REPLY)
+        return sock.recv(wire.MAX_REPLY)
 
 
 def test_a_malformed_message_is_declined_with_its_reason(
@@ -481,7 +486,7 @@ def test_a_malformed_message_is_declined_with_its_reason(
     """What the socket carries, checked before anything else: the descriptors, the size, the
     format (each format error: tests/unit/test_runtime_service.py)."""
     svc = runtime_service(node.env)
-    good = service.encode_request(["gpuhook-runtime", "list"], ["PATH=/bin"])
+    good = wire.encode_request(["gpuhook-runtime", "list"], ["PATH=/bin"])
     null = os.open(os.devnull, os.O_RDWR)
     folder = os.open("/", os.O_PATH | os.O_DIRECTORY)
     try:
@@ -493,10 +498,10 @@ def test_a_malformed_message_is_declined_with_its_reason(
             (b"junk", [null, null, null, folder], b"not a gpuhook-runtime/1 request"),
         ]
         for data, fds, reason in cases:
-            assert raw_reply(svc.socket, data, fds) == service.DECLINE + reason
-        big = service.encode_request(["gpuhook-runtime", "x" * service.MAX_REQUEST], [])
+            assert raw_reply(svc.socket, data, fds) == wire.DECLINE + reason
+        big = wire.encode_request(["gpuhook-runtime", "x" * wire.MAX_REQUEST], [])
         reply = raw_reply(svc.socket, big, [null, null, null, folder], sndbuf=4 << 20)
-        assert reply == service.DECLINE + f"request over {service.MAX_REQUEST} bytes".encode()
+        assert reply == wire.DECLINE + f"request over {wire.MAX_REQUEST} bytes".encode()
     finally:
         os.close(null)
         os.close(folder)
@@ -536,7 +541,7 @@ def test_many_creates_at_once_are_all_answered(
         t.join(120)
     assert sorted(replies) == list(range(24))
     for i, bundle in jobs:
-        assert replies[i].raw == service.EXEC + str(fake).encode()
+        assert replies[i].raw == wire.EXEC + str(fake).encode()
         spec = json.loads((bundle / "config.json").read_text())
         paths = {d["path"] for d in spec["linux"]["devices"]}
         assert (
@@ -544,7 +549,7 @@ def test_many_creates_at_once_are_all_answered(
             and len(paths & {f"/dev/nvidia{g}" for g in range(8)}) == 1
         )
         assert json.loads((bundle / writer.RECORD_NAME).read_text())["container_id"] == f"many-{i}"
-    idle = ["S"] * service.POOL
+    idle = ["S"] * POOL
     for _ in range(100):  # the workers exit once they replied (none is left a zombie); the
         if list(children_of(svc.process.pid).values()) == idle:  # idle pool waits for more
             break
@@ -585,7 +590,7 @@ def test_sigterm_removes_the_socket_and_start_stop_are_logged(
     taken = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     taken.connect(str(path))
     # a worker took it and waits for the request; the service forked another in its place
-    took = service.POOL + 1
+    took = POOL + 1
     for _ in range(200):
         if len(children_of(svc.process.pid)) == took:
             break
@@ -595,15 +600,15 @@ def test_sigterm_removes_the_socket_and_start_stop_are_logged(
     assert not path.exists()
     bundle = containers.bundle(env=["NVIDIA_VISIBLE_DEVICES=3"])
     argv = ["gpuhook-runtime", "create", "--bundle", str(bundle), "late"]
-    message = service.encode_request(argv, [f"{k}={v}" for k, v in env.items()])
+    message = wire.encode_request(argv, [f"{k}={v}" for k, v in env.items()])
     folder = os.open("/", os.O_PATH | os.O_DIRECTORY)
     null = os.open(os.devnull, os.O_RDWR)
     with taken:
         socket.send_fds(taken, [message], [null, null, null, folder])
-        reply = taken.recv(service.MAX_REPLY)
+        reply = taken.recv(wire.MAX_REPLY)
     os.close(folder)
     os.close(null)
-    assert reply.startswith(service.EXEC)
+    assert reply.startswith(wire.EXEC)
     assert f"NVIDIA_VISIBLE_DEVICES={uuid(node, 3)}" in (bundle / "config.json").read_text()
     assert doctor_line(node, env) == {
         "status": "warn",
@@ -708,7 +713,7 @@ def test_the_dispatcher_hands_gpu_creates_to_the_service_and_starts_no_interpret
     the interpreter (and fails here); a dispatcher with a real one decides it without a service."""
     sock = socket_folder / "svc" / "runtime.sock"
     env = case_env(node, tmp_path / "cfg", case, runtime={"service": str(sock)})
-    config_mod.load(env["GPUHOOK_CONFIG"])  # the cache and pointer, as any gpuhook call writes
+    config_loading.load(env["GPUHOOK_CONFIG"])  # the cache and pointer, as any gpuhook call writes
     svc = runtime_service(env, socket=sock)
     missing = tmp_path / "no-python"
     runtime = str(relocated_dispatcher(tmp_path / "none", [str(missing)]))

@@ -425,11 +425,11 @@ def test_without_busybox_the_hosts_sh_and_its_libraries_make_the_rootfs(
     """A node without busybox (a Kubernetes node, seen through chroot /host): the rootfs gets
     the host's /bin/sh, its loader and libraries, and those nvidia-smi needs beside the driver's
     own (which gpuhook-runtime injects); a GPU container runs the probe there."""
-    from gpuhook import config as config_mod
+    from gpuhook.config import loading as config_loading
     from gpuhook.inventory import store
     from gpuhook.selftest import bundle, lifecycle, rootfs
 
-    config = config_mod.load(snode.env["GPUHOOK_CONFIG"], use_cache=False)
+    config = config_loading.load(snode.env["GPUHOOK_CONFIG"], use_cache=False)
     inventory = store.load_current(config)
     smi = next(f for f in inventory.files if f.name == "nvidia-smi")
     built = rootfs.build(str(tmp_path / "t"), inventory, "", [smi.path], "/sbin/ldconfig", {})

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from gpuhook import config as config_mod
+from gpuhook.config.types import Config
 from gpuhook.errors import MpsError, RequestError
+from gpuhook.model.record import Record
 from gpuhook.mps import admission
 from gpuhook.mps.admission import Reservation
 from gpuhook.pipeline import request, sharing
@@ -91,18 +92,32 @@ def runtime(tmp_path: Path) -> str:
     return str(path)
 
 
-def record(cid: str, root: str, creator: dict[str, int] | None = None, **mps: Any) -> Any:
+def limit(uuid: str, pinned: int, **more: Any) -> dict[str, Any]:
+    """One pinned memory limit of a record's MPS plan."""
+    fields = {"index": 0, "gpu": 0, "uuid": uuid, "bytes": pinned, "limit": "1M", "source": "x"}
+    return {**fields, **more}
+
+
+def record_data(
+    cid: str, root: str, creator: dict[str, int] | None = None, **mps: Any
+) -> dict[str, Any]:
     """A record as the writer makes it; its runtime path is never run (the configured is)."""
-    return {
-        "decision": {"gpu_container": True},
-        "container_id": cid,
-        "runtime": {
-            "path": "/planted/runc",
-            "root": root,
-            **({"creator": creator} if creator else {}),
-        },
-        "mps": {"group": "gpu0", "client_uid": 0, "pinned_memory_limits": [], **mps},
+    req = request.parse(f.spec())
+    data = writer.build(cid, f"/b/{cid}", req, runtime="/planted/runc", root=root, creator=creator)
+    data["mps"] = {
+        "group": "gpu0",
+        "pipe_dir": "/run/gpuhook/mps/gpu0/pipe",
+        "container_pipe_dir": sharing.PIPE_IN_CONTAINER,
+        "active_thread_percentage": {"value": 100, "source": "default"},
+        "client_uid": 0,
+        "pinned_memory_limits": [],
+        **mps,
     }
+    return data
+
+
+def record(cid: str, root: str, creator: dict[str, int] | None = None, **mps: Any) -> Record:
+    return Record.from_dict(record_data(cid, root, creator, **mps))
 
 
 @pytest.mark.parametrize(
@@ -132,33 +147,28 @@ def test_a_container_counts_while_its_creator_lives(runtime: str, tmp_path: Path
 
 
 def test_reservation_of_a_record_and_of_an_older_one() -> None:
-    limits = [
-        {"uuid": "GPU-1", "bytes": 1 << 20, "reserved": 40 * GIB},
-        {"uuid": "GPU-2", "bytes": 80 * GIB, "reserved": 0},
-    ]
+    limits = [limit("GPU-1", 1 << 20, reserved=40 * GIB), limit("GPU-2", 80 * GIB, reserved=0)]
     r = admission.reservation_of(record("a", "/r", pinned_memory_limits=limits), "a")
     assert r is not None and r.reserved == (("GPU-1", 40 * GIB),) and r.uid == 0
-    old = {
-        "mps": {
-            "group": "g",
-            "pinned_memory_limits": [{"uuid": "GPU-1", "bytes": 7, "counted": True}],
-        }
-    }
-    r = admission.reservation_of(old, "b")
+    old = record_data("b", "/r", group="g", pinned_memory_limits=[limit("GPU-1", 7, counted=True)])
+    del old["mps"]["client_uid"]  # written before gpuhook recorded it
+    r = admission.reservation_of(Record.from_dict(old), "b")
     assert r is not None and r.reserved == (("GPU-1", 7),) and r.uid is None
-    assert admission.reservation_of({"mps": None}, "c") is None
+    old["mps"] = None
+    assert admission.reservation_of(Record.from_dict(old), "c") is None
 
 
 def test_live_reads_the_records_of_the_plans_group(tmp_path: Path, runtime: str) -> None:
     config = f.config(state_dir=str(tmp_path / "state"), mps__gpus=[0], mps__replicas=2)
-    config = config_mod.Config("(test)", config.data, runtime)
+    config = Config("(test)", config.data, runtime)
     p = plan(replicas=2)
 
     def write(cid: str, group: str = "gpu0", uuid: str = UUIDS[0]) -> None:
         bundle = tmp_path / cid
         bundle.mkdir()
-        limits = [{"uuid": uuid, "bytes": 1, "reserved": 40 * GIB}]
-        rec = record(cid, str(tmp_path / "runc-root"), group=group, pinned_memory_limits=limits)
+        limits = [limit(uuid, 1, reserved=40 * GIB)]
+        root = str(tmp_path / "runc-root")
+        rec = record_data(cid, root, group=group, pinned_memory_limits=limits)
         (bundle / writer.RECORD_NAME).write_text(json.dumps(rec))
         os.makedirs(config.records_dir, exist_ok=True)
         os.symlink(bundle / writer.RECORD_NAME, Path(config.records_dir) / f"{cid}.json")

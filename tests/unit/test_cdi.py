@@ -87,7 +87,7 @@ def test_common_edits_hold_control_nodes_driver_files_and_the_ldcache_hook() -> 
                  "--link", "/usr/local/gpuhook/lib/libcuda.so=libcuda.so.1",
                  "--link", "/usr/local/gpuhook/lib/libnvidia-ml.so=libnvidia-ml.so.1",
                  "--cuda-compat", "550.54.15:14"],
-        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+        "env": f.hook_env(),
         "timeout": 30,
     }  # fmt: skip
 
@@ -113,6 +113,25 @@ def test_write_is_validated_and_reads_back_as_json_or_yaml(tmp_path: Path) -> No
         cdi.write(bad, str(tmp_path / "cdi/bad.json"))
     assert not (tmp_path / "cdi/bad.json").exists()
     assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == ["gpuhook.json", "gpuhook.yaml"]
+
+
+def test_the_schema_is_one_document_and_checks_the_definitions_it_merged() -> None:
+    """cdi.defs.json's definitions are checked as before (a device node's path must be a string)
+    with no reference resolver (jsonschema's RefResolver is deprecated; Debian 12 has no
+    ``referencing``)."""
+    import warnings
+
+    schema = cdi.cdi_schema()
+    assert cdi.DEFS_REF not in json.dumps(schema)
+    assert {"containerEdits", "DeviceNode", "annotations"} <= set(schema["definitions"])
+    data = cdi.spec(f.inventory(1), f.config())
+    broken = json.loads(json.dumps(data))
+    broken["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] = 7
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no DeprecationWarning either
+        cdi.validate(data)
+        with pytest.raises(CdiError, match=r"invalid at devices/0/containerEdits/deviceNodes/0"):
+            cdi.validate(broken)
 
 
 def test_export_follows_cdi_output(tmp_path: Path) -> None:
@@ -192,7 +211,7 @@ def _run(spec: dict[str, Any]) -> Any:
         spec,
         f.config(),
         inventory_source=lambda _c: f.inventory(8, {6: 3}),
-        checkpoint_source=lambda *_a: None,
+        checkpoint_source=lambda *_a: None,  # type: ignore[arg-type]
         rootfs="/containers/abc/rootfs",
     )
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuhook import config, markers
+from gpuhook import markers
+from gpuhook.config import cache as config_cache
 from gpuhook.pipeline import inject
-from gpuhook.runtime import dispatch, hooks, ldmerge, runc_argv, service
+from gpuhook.runtime import dispatch, hooks, ldmerge, locate, runc_argv, wire
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,13 +33,13 @@ def test_the_runtime_dispatcher_carries_the_tables() -> None:
     for scope, table in [("g", runc_argv.GLOBAL_FLAGS), *runc_argv.COMMAND_FLAGS.items()]:
         for flag in table:
             assert f'"{scope}:{flag}"' in text, (scope, flag)
-    assert f"#define UNTRUSTED_MODE 0{config.UNTRUSTED_MODE:o}" in text
-    assert f'PROTOCOL[] = "{service.PROTOCOL.decode()}"' in text
+    assert f"#define UNTRUSTED_MODE 0{config_cache.UNTRUSTED_MODE:o}" in text
+    assert f'PROTOCOL[] = "{wire.PROTOCOL.decode()}"' in text
     assert re.search("@[A-Z_]+@", text) is None
 
 
 def test_the_interpreter_command_is_written_into_the_binary_and_read_back() -> None:
-    head = config.DISPATCHER_MARK + b"\0"
+    head = locate.DISPATCHER_MARK + b"\0"
     binary = b"ELF..." + head + bytes(dispatch.RELOCATION_SIZE - len(head)) + b"...end"
     command = dispatch.python_command("/opt/x/ld.so --library-path /opt/x /opt/x/python3", "/s")
     moved = dispatch.relocate(binary, command)
@@ -61,7 +62,7 @@ def test_the_interpreter_command_is_written_into_the_binary_and_read_back() -> N
 def test_the_built_dispatcher_is_one() -> None:
     binary = (REPO / "build" / "bin" / "gpuhook-runtime").read_bytes()
     assert binary.startswith(b"\x7fELF") and dispatch.command_of(binary)[1:3] == ["-I", "-S"]
-    assert config._is_gpuhook_runtime(str(REPO / "build" / "bin" / "gpuhook-runtime"))
+    assert locate._is_gpuhook_runtime(str(REPO / "build" / "bin" / "gpuhook-runtime"))
 
 
 def test_the_ldcache_hook_carries_the_bounds_flags_and_steps() -> None:

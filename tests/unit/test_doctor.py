@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import testbed
 
-from gpuhook.cli import commands, doctor
+from gpuhook.cli import commands, doctor, doctor_engines
 from gpuhook.engines import readers
+from tests.hostguard import session_env
 from tests.logcapture import paper_node
 
 RUNTIME = testbed.RUNTIME  # an executable named gpuhook-runtime
@@ -272,7 +273,7 @@ def test_json_output(
 def test_colour_only_on_a_terminal_and_never_with_no_color(
     tmp_path: Path, engines: list[str]
 ) -> None:
-    env = {"PATH": os.environ["PATH"], "GPUHOOK_CONFIG": str(paper_node(tmp_path))}
+    env = {**session_env(), "GPUHOOK_CONFIG": str(paper_node(tmp_path))}
     argv = [testbed.GPUHOOK, "doctor", "-o", "table", *engines]
 
     def on_a_terminal(extra: dict[str, str]) -> str:
@@ -349,10 +350,10 @@ def test_cdi_checks(tmp_path: Path) -> None:
         )
 
     def containerd_lines(n: doctor.Node) -> list[doctor.Result]:
-        return [r for r in doctor.check_engine_cdi(n) if r.message.startswith("containerd")]
+        return [r for r in doctor_engines.check_engine_cdi(n) if r.message.startswith("containerd")]
 
     first = node()
-    missing = doctor.check_cdi(first)
+    missing = doctor_engines.check_cdi(first)
     assert missing.status == doctor.WARN and "does not exist" in missing.message
     assert missing.fix == "gpuhook inventory refresh"
     [engine] = containerd_lines(first)
@@ -361,13 +362,13 @@ def test_cdi_checks(tmp_path: Path) -> None:
 
     config = first.need_config()
     cdi.export(store.read(config), config)
-    assert doctor.check_cdi(node()).status == doctor.PASS
+    assert doctor_engines.check_cdi(node()).status == doctor.PASS
     assert [r.status for r in containerd_lines(node())] == [doctor.PASS]
 
     data = json.loads(output.read_text())
     data["devices"] = data["devices"][2:]  # GPU 0 gone: another node's, or an old driver's
     output.write_text(json.dumps(data))
-    stale = doctor.check_cdi(node())
+    stale = doctor_engines.check_cdi(node())
     assert (stale.status, stale.message) == (
         doctor.WARN,
         f"{output}: differs from what the inventory and config make (stale: gpuhook inventory "
@@ -377,6 +378,25 @@ def test_cdi_checks(tmp_path: Path) -> None:
     data = json.loads(output.read_text())
     data["containerEdits"]["mounts"] = []  # the driver libraries gone: same devices, no libraries
     output.write_text(json.dumps(data))
-    assert doctor.check_cdi(node()).status == doctor.WARN
+    assert doctor_engines.check_cdi(node()).status == doctor.WARN
     output.write_text('{"kind": 1}')
-    assert "unreadable or invalid" in doctor.check_cdi(node()).message
+    assert "unreadable or invalid" in doctor_engines.check_cdi(node()).message
+
+
+@pytest.mark.parametrize("first", ["doctor", "doctor_node", "doctor_engines", "doctor_host"])
+def test_the_checks_are_reported_in_one_order_whichever_module_comes_first(first: str) -> None:
+    """The node, then what runs containers, then the shared state: each module of checks goes
+    ahead of the next one's first check, so no import order changes the report."""
+    import sys
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    code = (
+        f"import sys; sys.path.insert(0, {str(src)!r});"
+        f"import gpuhook.cli.{first}; from gpuhook.cli import doctor;"
+        "print(','.join(c.name for c in doctor.CHECKS))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == ",".join(c.name for c in doctor.CHECKS)
+    assert doctor.CHECKS[0].name == "config" and doctor.CHECKS[-1].name == "kubelet checkpoint"

@@ -163,7 +163,7 @@ def test_granted_gpu_edits() -> None:
     assert f"NVIDIA_VISIBLE_DEVICES={f.gpu_uuid(1)}" in spec["process"]["env"]
     hook = spec["hooks"]["createContainer"][0]
     assert hook["args"][1:4] == ["hook", "update-ldcache", "--ldconfig"]
-    assert hook["env"] == ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
+    assert hook["env"] == f.hook_env()
     assert spec["x-unknown-key"] == {"kept": [1, 2, 3]}
 
 

@@ -158,6 +158,7 @@ def test_stdout_is_exports_and_truth_matches_options(built: Built) -> None:
     root = str(built.root)
     assert built.env == {
         "GPUHOOK_CONFIG": f"{root}/config.yaml",
+        "GPUHOOK_CACHE_DIR": f"{root}/run/config",
         "LD_LIBRARY_PATH": f"{root}/driver{LIBDIR}",
     }
     assert t["env"] == built.env

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 import yaml
@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gpuhook import _fastjson, markers
-from gpuhook import config as config_mod
+from gpuhook.config import loading as config_loading
 from gpuhook.errors import CheckpointError, ConfigError, GpuhookError, InventoryError, describe
 from gpuhook.inventory import store
 from gpuhook.pipeline import apply, kubelet, request
@@ -41,7 +41,7 @@ from tests import factories as f
 EXAMPLES = int(os.environ.get("GPUHOOK_FUZZ_EXAMPLES", "500"))
 
 
-def fuzz(scale: float = 1.0) -> Any:
+def fuzz(scale: float = 1.0) -> settings:
     return settings(
         max_examples=max(10, int(EXAMPLES * scale)),
         deadline=None,
@@ -306,13 +306,22 @@ def test_pipeline_raises_only_gpuhook_errors_and_never_grants_beyond_policy(
 EVERY_DEVICE = frozenset(
     [g.uuid for g in INVENTORY.gpus] + [m.uuid for g in INVENTORY.gpus for m in g.mig_devices]
 )
-CONTAINERD_IDENTITY = {
+class Identity(TypedDict):
+    """An engine's identity annotation keys."""
+
+    type: str
+    uid: str
+    name: str
+    others: tuple[str, ...]
+
+
+CONTAINERD_IDENTITY: Identity = {
     "type": "io.kubernetes.cri.container-type",
     "uid": "io.kubernetes.cri.sandbox-uid",
     "name": "io.kubernetes.cri.container-name",
     "others": ("io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.sandbox-namespace"),
 }
-CRIO_IDENTITY = {
+CRIO_IDENTITY: Identity = {
     "type": "io.kubernetes.cri-o.ContainerType",
     "uid": "io.kubernetes.pod.uid",
     "name": "io.kubernetes.container.name",
@@ -364,14 +373,17 @@ def most_granted(
 def engine_privileged(spec: dict[str, Any]) -> bool:
     """What engines write for a privileged container: SYS_ADMIN, SYS_MODULE, SYS_RAWIO and
     NET_ADMIN among others in the bounding set, and the device cgroup left open to everything."""
-    process = spec.get("process") if isinstance(spec.get("process"), dict) else {}
+    process = spec.get("process")
+    process = process if isinstance(process, dict) else {}
     caps = process.get("capabilities")
     bounding = caps.get("bounding") if isinstance(caps, dict) else None
     wanted = {"CAP_SYS_ADMIN", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_NET_ADMIN"}
     if not isinstance(bounding, list) or not wanted <= {c for c in bounding if isinstance(c, str)}:
         return False
-    linux = spec.get("linux") if isinstance(spec.get("linux"), dict) else {}
-    resources = linux.get("resources") if isinstance(linux.get("resources"), dict) else {}
+    linux = spec.get("linux")
+    linux = linux if isinstance(linux, dict) else {}
+    resources = linux.get("resources")
+    resources = resources if isinstance(resources, dict) else {}
     rules = resources.get("devices")
     if not isinstance(rules, list) or not rules or not isinstance(rules[-1], dict):
         return False
@@ -536,7 +548,7 @@ YAML_SNIPPETS = [
 
 def _load_config(raw: bytes) -> None:
     try:
-        config_mod.validate_data("/c.yaml", config_mod.parse_yaml("/c.yaml", raw))
+        config_loading.validate_data("/c.yaml", config_loading.parse_yaml("/c.yaml", raw))
     except ConfigError as exc:
         one_line(exc)
         assert str(exc).startswith("invalid config /c.yaml: ")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpuhook import config as config_mod
+from gpuhook.config import loading as config_loading
 from gpuhook.errors import ConfigError, InventoryError, RequestError
 from gpuhook.inventory import store
 from gpuhook.pipeline import apply, devices, request
@@ -144,7 +144,7 @@ def test_damaged_inventory_is_one_line(tmp_path: Path, key: str, value: Any) -> 
 )
 def test_config_with_odd_keys_or_values_is_one_line(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        config_mod.validate_data("/c.yaml", config_mod.parse_yaml("/c.yaml", text.encode()))
+        config_loading.validate_data("/c.yaml", config_loading.parse_yaml("/c.yaml", text.encode()))
     assert message in str(info.value) and "\n" not in str(info.value)
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +43,8 @@ def _own_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.logcapture import paper_node
 
     monkeypatch.setitem(HOOK_ENV, "GPUHOOK_CONFIG", str(paper_node(tmp_path / "node")))
+    # as gpuhook-runtime passes its cache folder on (Config.propagated_env): the session's
+    monkeypatch.setitem(HOOK_ENV, "GPUHOOK_CACHE_DIR", os.environ["GPUHOOK_CACHE_DIR"])
 
 
 IMPLS = pytest.mark.parametrize(
@@ -82,10 +85,10 @@ class Fake:
         )
         self.path.chmod(0o755)
 
-    def runs(self) -> list[dict[str, object]]:
+    def runs(self) -> list[dict[str, Any]]:
         if not self.log.exists():
             return []
-        out = []
+        out: list[dict[str, Any]] = []
         for text in self.log.read_text().split("===\n")[:-1]:
             argv, env, rest = text.split("---\n")
             cwd, data, cpu = rest.split()
@@ -615,7 +618,7 @@ def test_the_cdi_form_decides_forward_compatibility_in_the_hook(
     result = _run(impl, *args, "--cuda-compat", compat)
     assert (result.returncode, result.stderr) == (0, "")
     # no folder cache: the full run shows the folders in their order
-    folders = fake.runs()[-1]["argv"][3:]  # type: ignore[index]
+    folders = fake.runs()[-1]["argv"][3:]
     assert folders == (["/usr/local/cuda-12.8/compat", FOLDER] if first else [FOLDER])
 
 

@@ -70,3 +70,19 @@ def test_changes_name_added_removed_and_changed_files(tmp_path: Path) -> None:
         f"changed {tmp_path / 'b'}",
     ]
     assert hostguard.changes(after, hostguard.snapshot((str(tmp_path),))) == []
+
+
+def test_the_session_guards_run_gpuhook_and_keeps_gpuhooks_cache_elsewhere(tmp_path: Path) -> None:
+    """The host's /run/gpuhook is watched; the session's gpuhook caches each config it loads in a
+    folder of its own (GPUHOOK_CACHE_DIR), as every process the tests start inherits it."""
+    from gpuhook.config import cache, loading
+    from tests import hostguard
+
+    assert "/run/gpuhook" in hostguard.WATCHED
+    folder = os.environ["GPUHOOK_CACHE_DIR"]
+    assert os.path.isdir(folder) and not folder.startswith("/run/gpuhook")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"state_dir: {tmp_path}\n")
+    loading.load(str(config))
+    assert cache.cache_dir_for(str(config)) == folder + str(config)
+    assert (Path(folder + str(config)) / cache.COMPILED_NAME).is_file()

@@ -13,6 +13,7 @@ SUBPACKAGES = sorted(p.parent.name for p in SRC.glob("*/__init__.py") if p.paren
 TOP = "top-level"
 MAX_TOP_LEVEL_MODULES = 12
 MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 600
 
 
 def _allowed(package: str) -> set[str]:
@@ -30,7 +31,7 @@ def _allowed(package: str) -> set[str]:
 
 
 def _owner(module: str) -> str:
-    """'gpuhook.pipeline.policy' -> 'pipeline'; 'gpuhook.config' -> top-level."""
+    """'gpuhook.pipeline.policy' -> 'pipeline'; 'gpuhook.errors' -> top-level."""
     parts = module.split(".")
     if len(parts) >= 2 and parts[1] in SUBPACKAGES:
         return parts[1]
@@ -108,8 +109,46 @@ def test_the_check_catches_a_wrong_import(tmp_path: Path) -> None:
     assert _granted(_allowed("runtime"), "gpuhook.pipeline.policy")
     assert _granted(_allowed("pipeline"), "gpuhook.inventory.catalog")
     assert not _granted(_allowed("pipeline"), "gpuhook.inventory.store")
+    assert _granted(_allowed("runtime"), "gpuhook.config.loading")
     bad.write_text("def f():\n    from ..runtime import shim\n")
     assert _relative_imports(tmp_path) == ["bad.py:2"]
+
+
+def test_the_pure_core_imports_config_values_and_no_config_io() -> None:
+    """pipeline/ and model/ may read the config's types and size units, never its loading, its
+    /run cache or the runtime lookup (docs/architecture.md, "Data flows one way")."""
+    pure = _allowed("pipeline")
+    assert _granted(pure, "gpuhook.config.types") and _granted(pure, "gpuhook.config.units")
+    for io_module in ("loading", "cache"):
+        assert not _granted(pure, f"gpuhook.config.{io_module}")
+    assert not _granted(pure, "gpuhook.runtime.locate")
+    assert not _granted(_allowed("model"), "gpuhook.config.types")
+
+
+# Cold code: never imported on the container-create path (test_hot_path_imports.py holds what is).
+COLD = ("cli", "engines", "node", "selftest")
+
+
+def test_cold_packages_write_ordinary_imports() -> None:
+    """The create path's rules (lazy imports, the TYPE_CHECKING = False trick that spares the
+    typing import) stay on the modules it imports; the cold packages import at the top."""
+    wrong = []
+    for package in COLD:
+        for path in sorted((SRC / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for node in tree.body:
+                if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "TYPE_CHECKING" for t in node.targets
+                ):
+                    wrong.append(f"{path.relative_to(SRC)}:{node.lineno} TYPE_CHECKING = ...")
+            for fn in ast.walk(tree):
+                if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                    wrong += [
+                        f"{path.relative_to(SRC)}:{n.lineno} import in {fn.name}"
+                        for n in ast.walk(fn)
+                        if isinstance(n, ast.Import | ast.ImportFrom)
+                    ]
+    assert wrong == []
 
 
 def _long_functions(root: Path) -> list[str]:
@@ -125,3 +164,13 @@ def _long_functions(root: Path) -> list[str]:
 
 def test_no_function_is_longer_than_60_lines() -> None:
     assert _long_functions(SRC) == []
+
+
+def test_no_module_is_longer_than_600_lines() -> None:
+    """One owner per concept at module scale: a module past this holds more than one."""
+    long = [
+        f"{p.relative_to(SRC)} ({n})"
+        for p in sorted(SRC.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert long == []

@@ -337,7 +337,7 @@ def test_cache_entry_is_a_frozen_value() -> None:
     assert entry == CacheEntry("libcuda.so.1", "/lib/libcuda.so.1", 0x0303, "x86-64", 0)
     assert len({entry, CacheEntry("libcuda.so.1", "/lib/libcuda.so.1", 0x0303)}) == 1
     with pytest.raises(AttributeError):
-        entry.key = "x"
+        entry.key = "x"  # type: ignore[misc]
     moved = entry.replace(value="/other/libcuda.so.1")
     assert (moved.value, moved.arch) == ("/other/libcuda.so.1", "x86-64")
     assert not hasattr(entry, "__dict__")

@@ -11,17 +11,18 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import testbed
 
-from gpuhook import config as config_mod
 from gpuhook import log
+from gpuhook.config import loading as config_loading
 from gpuhook.runtime import decide, hooks, shim
 from tests import factories as f
+from tests.hostguard import session_env
 from tests.logcapture import Exec, captured, fake_execv, log_lines, paper_node
 
 TIMESTAMP = re.compile(r'"timestamp":"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z)"')
@@ -42,7 +43,7 @@ def bundle_of(folder: Path, spec: dict[str, Any]) -> Path:
 
 def create(
     monkeypatch: pytest.MonkeyPatch, config: Path, bundle: Path, cid: str
-) -> tuple[list[dict[str, Any]], Exec]:
+) -> tuple[list[MutableMapping[str, Any]], Exec]:
     """Run the shim's create in this process; returns the events and the runtime exec."""
     monkeypatch.setenv("GPUHOOK_CONFIG", str(config))
     monkeypatch.setattr(os, "execv", fake_execv)
@@ -58,7 +59,7 @@ def test_the_shim_line_is_the_structlog_line(tmp_path: Path) -> None:
     bundle = bundle_of(tmp_path / "b", f.spec())
     out = subprocess.run(
         [testbed.RUNTIME, "--root", str(tmp_path / "r"), "create", "--bundle", str(bundle), "c7"],
-        env={"PATH": os.environ["PATH"], "GPUHOOK_CONFIG": str(config)},
+        env={**session_env(), "GPUHOOK_CONFIG": str(config)},
         capture_output=True,
         text=True,
         check=False,
@@ -146,7 +147,7 @@ def test_the_debug_switch_in_the_shim(
 def test_the_debug_switch_in_the_cli(tmp_path: Path) -> None:
     config = paper_node(tmp_path)
     log_file = tmp_path / "log" / "gpuhook.log"
-    env = {"PATH": os.environ["PATH"], "GPUHOOK_CONFIG": str(config)}
+    env = {**session_env(), "GPUHOOK_CONFIG": str(config)}
     for extra_env, flags, debug in (
         ({}, [], False),
         ({"GPUHOOK_DEBUG": "1"}, [], True),
@@ -178,7 +179,7 @@ def test_the_debug_switch_in_the_hook(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("GPUHOOK_CONFIG", str(config))
     monkeypatch.chdir(tmp_path)  # the hook changes to /; this puts the test's cwd back after
 
-    def hook(ldconfig: str) -> list[dict[str, Any]]:
+    def hook(ldconfig: str) -> list[MutableMapping[str, Any]]:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(state.encode())))
         with captured() as events:
             assert hooks.main(["update-ldcache", "--ldconfig", ldconfig, "--folder", "/lib"]) == 0
@@ -206,17 +207,18 @@ def test_the_debug_switch_in_the_hook(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_hooks_get_the_config_and_debug_switch_and_nothing_else(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The hook's env is explicit (never the container's); gpuhook passes its own two
-    variables so that the hook logs where the shim does, at the shim's level."""
+    """The hook's env is explicit (never the container's); gpuhook passes its own variables so
+    that the hook reads the shim's config and cache and logs where the shim does, at its level."""
     path = paper_node(tmp_path)
     spec = f.spec(env=["NVIDIA_VISIBLE_DEVICES=1", "LD_PRELOAD=/evil.so", "GPUHOOK_DEBUG=1"])
 
     def hook_env() -> tuple[str, ...]:
-        cfg = config_mod.load(str(path), use_cache=False)
+        cfg = config_loading.load(str(path), use_cache=False)
         out = decide.run(spec, cfg, inventory_source=lambda _c: f.inventory())
         return out.edits.hooks[0].env
 
-    base = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"GPUHOOK_CONFIG={path}")
+    cache = f"GPUHOOK_CACHE_DIR={os.environ['GPUHOOK_CACHE_DIR']}"  # the session's (hostguard)
+    base = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"GPUHOOK_CONFIG={path}", cache)
     assert hook_env() == base
     monkeypatch.setenv("GPUHOOK_DEBUG", "1")
     assert hook_env() == (*base, "GPUHOOK_DEBUG=1")

@@ -30,6 +30,11 @@ def test_read_inventory_equals_the_built_one() -> None:
     assert [g.mig_devices for g in read.gpus] == [g.mig_devices for g in built.gpus]
 
 
+def still_json(gpu: Gpu) -> bool:
+    """Whether the GPU's MIG devices are still in their JSON form (none built)."""
+    return gpu._mig_json is not None
+
+
 def test_mig_lookup_builds_only_what_it_finds() -> None:
     built = f.inventory(8, {6: 3, 7: 7})
     read = _read(built)
@@ -37,11 +42,11 @@ def test_mig_lookup_builds_only_what_it_finds() -> None:
     wanted = built.gpus[7].mig_devices[6]
     assert gpu7.mig_by_uuid(wanted.uuid.upper()) == wanted
     assert gpu7.mig_by_uuid("MIG-nope") is None
-    assert gpu7._mig_json is not None  # nothing else was built
+    assert still_json(gpu7)  # nothing else was built
     refs, errors = devices.resolve((wanted.uuid,), read)
     assert errors == [] and refs[0].uuid == wanted.uuid and refs[0].mig_index == 6
     assert gpu7.mig_devices == built.gpus[7].mig_devices  # reading the field builds them all
-    assert gpu7._mig_json is None
+    assert not still_json(gpu7)
     assert gpu7.mig_by_uuid(wanted.uuid) == wanted
     assert read.gpus[6].replace(name="x").mig_devices == built.gpus[6].mig_devices
 

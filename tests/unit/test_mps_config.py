@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhook import config as config_mod
+from gpuhook.config import loading as config_loading
 from gpuhook.errors import EXIT_CONFIG, ConfigError
 
 
@@ -55,7 +55,7 @@ def write(tmp_path: Path, text: str) -> str:
 def test_bad_mps_config_is_one_line_with_key_path(tmp_path: Path, text: str, message: str) -> None:
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
-        config_mod.load(path, use_cache=False)
+        config_loading.load(path, use_cache=False)
     line = str(info.value)
     assert message in line, line
     assert line.startswith(f"invalid config {path}: ") and "\n" not in line
@@ -67,7 +67,7 @@ def test_mps_config_frozen_form(tmp_path: Path) -> None:
         tmp_path,
         "mps:\n  gpus: [all]\n  replicas: 4\n  groups:\n    pair: {gpus: [0, 3], replicas: 2}\n",
     )
-    mps = config_mod.load(path, use_cache=False).mps
+    mps = config_loading.load(path, use_cache=False).mps
     assert mps.enabled and mps.gpus == ("all",) and mps.replicas == 4
     assert mps.root == "/run/gpuhook/mps" and mps.oversubscription == "reject"
     (pair,) = mps.groups
@@ -77,7 +77,7 @@ def test_mps_config_frozen_form(tmp_path: Path) -> None:
         2,
         None,
     )
-    assert not config_mod.load(write(tmp_path, "state_dir: /x\n"), use_cache=False).mps.enabled
+    assert not config_loading.load(write(tmp_path, "state_dir: /x\n"), use_cache=False).mps.enabled
 
 
 def test_cli_names_the_mig_key_and_exits_2(tmp_path: Path) -> None:

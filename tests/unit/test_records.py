@@ -13,9 +13,10 @@ import jsonschema
 import pytest
 
 from gpuhook import fsutil
-from gpuhook.config import Config
+from gpuhook.config.types import Config
 from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
 from gpuhook.model.decision import Request
+from gpuhook.model.record import Record
 from gpuhook.pipeline import flow, request
 from gpuhook.pipeline.kubelet import Allocation
 from gpuhook.records import gc as records_gc
@@ -107,6 +108,57 @@ def test_decided_records_follow_the_schema(
         f"/dev/nvidia{d.split(':')[0]}" for d in devices
     ]
     assert json.loads(json.dumps(record)) == record  # plain JSON
+    assert_reads_back(record)
+
+
+def assert_reads_back(record: dict[str, Any]) -> None:
+    """The typed model every reader uses holds what the writer wrote (the JSON stays as is)."""
+    typed = Record.from_dict(json.loads(json.dumps(record)))
+    assert typed.data == record and typed.container_id == record["container_id"]
+    assert typed.decision.to_dict() == record["decision"]
+    assert typed.view.edits.to_dict() == record["edits"]
+    assert typed.view.request is not None
+    assert typed.view.request.to_dict() == record["request"]
+    kube = typed.kubernetes.to_dict() if typed.kubernetes is not None else None
+    assert kube == record["kubernetes"]
+    assert (typed.runtime.path, typed.runtime.root) == (
+        record["runtime"]["path"],
+        record["runtime"]["root"],
+    )
+
+
+def test_the_record_model_reads_an_mps_clients_record() -> None:
+    """What admission and inspect read of an MPS client: its group, limits and reservations."""
+    config = f.config(mps__gpus=[0], mps__replicas=2)
+    out = decide_mod.run(
+        f.spec(env=["NVIDIA_VISIBLE_DEVICES=0"]),
+        config,
+        inventory_source=lambda _c: f.inventory(),
+        mps_probe=lambda _pipe: 1,
+        mps_admit=lambda _plan: None,
+    )
+    assert out.mps is not None
+    record = build(out)
+    assert schema_errors(record) == []
+    mps = Record.from_dict(record).view.mps
+    assert mps is not None and mps.group == out.mps.group
+    assert [(x.uuid, x.reservation) for x in mps.limits] == [
+        (d.uuid, d.reserved) for d in out.mps.devices
+    ]
+    assert mps.env == out.mps.env()
+
+
+def test_the_record_model_refuses_what_is_not_a_record_in_one_line() -> None:
+    good = build(decide(f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"])))
+    for broken, why in (
+        ({**good, "record_version": 2}, "record version 2"),
+        ({**good, "timestamp": "now"}, "'timestamp'"),
+        ({**good, "runtime": "/usr/sbin/runc"}, "'runtime'"),
+        ({**good, "decision": {**good["decision"], "devices": [{"kind": "gpu", "id": "x"}]}}, "id"),
+    ):
+        with pytest.raises(ValueError, match=why) as info:
+            Record.from_dict(broken)
+        assert "\n" not in str(info.value)
 
 
 def test_undecided_records_follow_the_schema() -> None:
@@ -117,6 +169,7 @@ def test_undecided_records_follow_the_schema() -> None:
     assert parsed["decision"]["reasons"][0]["why"] == "no GPU request in the spec"
     assert parsed["decision"]["gpu_container"] is False and parsed["mps"] is None
     assert parsed["edits"] == {"env": [], "deviceNodes": [], "mounts": [], "hooks": []}
+    assert_reads_back(parsed)
     plain = build(request.parse(f.spec()))
     assert schema_errors(plain) == []
     assert plain["kubernetes"] is None
@@ -195,7 +248,7 @@ def test_find_by_id_and_unique_prefix(three: Config) -> None:
     assert lookup.find(three, "aaa111").container_id == "aaa111"
     entry = lookup.find(three, "bb")
     assert entry.container_id == "bbb333" and entry.record is not None
-    assert entry.record["container_id"] == "bbb333"
+    assert entry.record.container_id == "bbb333"
 
 
 def test_find_refuses_what_no_container_id_starts_with(three: Config) -> None:

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuhook import config as config_mod
-from gpuhook.cli import doctor
+from gpuhook.cli import doctor, doctor_engines
 from gpuhook.cli.commands import run
-from gpuhook.runtime import service, shim
-from gpuhook.runtime.service import DECLINE, EXEC, EXIT, MAX_REPLY, MAX_REQUEST, PROTOCOL
+from gpuhook.runtime import service, shim, wire
+from gpuhook.runtime.wire import DECLINE, EXEC, EXIT, MAX_REPLY, MAX_REQUEST, PROTOCOL
 from tests import factories as f
 from tests.conftest import systemd_verify
 from tests.logcapture import paper_node
@@ -47,22 +46,22 @@ def message(*fields: bytes) -> bytes:
     ],
 )
 def test_request_round_trip(argv: list[str], env: list[str]) -> None:
-    data = service.encode_request(argv, env)
+    data = wire.encode_request(argv, env)
     assert data.startswith(PROTOCOL + b"\0") and data.endswith(b"\0")
-    request = service.decode_request(data)
+    request = wire.decode_request(data)
     assert request.argv == argv
     assert request.env == dict(e.split("=", 1) for e in env)
-    assert service.encode_request([os.fsencode(a) for a in argv], env) == data  # bytes in, too
+    assert wire.encode_request([os.fsencode(a) for a in argv], env) == data  # bytes in, too
 
 
 def test_the_first_of_a_repeated_name_wins_as_for_a_process() -> None:
-    request = service.decode_request(service.encode_request(["x"], ["A=1", "B=2", "A=3"]))
+    request = wire.decode_request(wire.encode_request(["x"], ["A=1", "B=2", "A=3"]))
     assert request.env == {"A": "1", "B": "2"}
 
 
 def test_encode_refuses_a_nul_byte() -> None:
     with pytest.raises(ValueError, match="NUL"):
-        service.encode_request(["gpuhook-runtime", "a\0b"], [])
+        wire.encode_request(["gpuhook-runtime", "a\0b"], [])
 
 
 MALFORMED = [
@@ -91,28 +90,28 @@ MALFORMED = [
 
 @pytest.mark.parametrize(("data", "reason"), MALFORMED)
 def test_a_malformed_request_is_declined_with_its_reason(data: bytes, reason: str) -> None:
-    with pytest.raises(service.Declined) as info:
-        service.decode_request(data)
+    with pytest.raises(wire.Declined) as info:
+        wire.decode_request(data)
     assert reason in str(info.value)
     assert "\n" not in str(info.value)
 
 
 def test_replies_round_trip_and_are_checked() -> None:
-    assert service.decode_reply(service.encode_reply(EXEC, b"/usr/sbin/runc")) == (
+    assert wire.decode_reply(wire.encode_reply(EXEC, b"/usr/sbin/runc")) == (
         EXEC,
         b"/usr/sbin/runc",
     )
-    assert service.decode_reply(service.encode_reply(EXIT, b"70")) == (EXIT, b"70")
-    assert service.decode_reply(service.encode_reply(DECLINE, b"why")) == (DECLINE, b"why")
-    long_reason = service.encode_reply(DECLINE, b"r" * 10_000)
-    assert len(long_reason) == MAX_REPLY and service.decode_reply(long_reason)[0] == DECLINE
+    assert wire.decode_reply(wire.encode_reply(EXIT, b"70")) == (EXIT, b"70")
+    assert wire.decode_reply(wire.encode_reply(DECLINE, b"why")) == (DECLINE, b"why")
+    long_reason = wire.encode_reply(DECLINE, b"r" * 10_000)
+    assert len(long_reason) == MAX_REPLY and wire.decode_reply(long_reason)[0] == DECLINE
     with pytest.raises(ValueError, match="too long"):
-        service.encode_reply(EXEC, b"/" + b"x" * MAX_REPLY)
+        wire.encode_reply(EXEC, b"/" + b"x" * MAX_REPLY)
     with pytest.raises(ValueError, match="unknown reply kind"):
-        service.encode_reply(b"Z", b"")
+        wire.encode_reply(b"Z", b"")
     for bad in (b"", b"Xrunc", b"X/a\0b", b"R", b"R256", b"R-1", b"R1.0", b"Q/x"):
         with pytest.raises(ValueError, match="malformed reply"):
-            service.decode_reply(bad)
+            wire.decode_reply(bad)
 
 
 # --- the shim's exec seam -------------------------------------------------------------------------
@@ -127,7 +126,6 @@ def test_the_shim_hands_the_runtime_to_its_executor(
 ) -> None:
     config = paper_node(tmp_path)
     monkeypatch.setenv("GPUHOOK_CONFIG", str(config))
-    monkeypatch.setattr(config_mod, "CACHE_ROOT", str(tmp_path / "cache"))
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "config.json").write_text(json.dumps(f.spec(env=["NVIDIA_VISIBLE_DEVICES=1"])))
@@ -150,7 +148,6 @@ def test_an_executor_that_cannot_exec_gets_the_shims_failure_line(
 ) -> None:
     config = paper_node(tmp_path)
     monkeypatch.setenv("GPUHOOK_CONFIG", str(config))
-    monkeypatch.setattr(config_mod, "CACHE_ROOT", str(tmp_path / "cache"))
     log = tmp_path / "runc.log"
 
     def execute(path: str, argv: list[str]) -> None:
@@ -224,7 +221,6 @@ def test_preload_imports_nothing_heavy_that_changes_the_shim() -> None:
 def test_serve_with_the_service_disabled_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(config_mod, "CACHE_ROOT", str(tmp_path / "cache"))
     config = tmp_path / "config.yaml"
     config.write_text(f'runtime:\n  service: ""\nstate_dir: {tmp_path}\nlog:\n  file: ""\n')
     code = run(["--config", str(config), "runtime", "serve"])
@@ -239,7 +235,6 @@ def test_serve_with_the_service_disabled_is_one_line(
 def test_serve_refuses_a_path_that_is_not_a_socket(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(config_mod, "CACHE_ROOT", str(tmp_path / "cache"))
     config = tmp_path / "config.yaml"
     config.write_text(f"state_dir: {tmp_path}\nlog:\n  file: ''\n")
     taken = tmp_path / "file"
@@ -256,7 +251,7 @@ def _doctor_line(tmp_path: Path, socket_path: str) -> doctor.Result:
     config = tmp_path / "config.yaml"
     config.write_text(f"runtime:\n  service: '{socket_path}'\nstate_dir: {tmp_path}\n")
     node = doctor.Node(str(config))
-    result = doctor.check_runtime_service(node)
+    result = doctor_engines.check_runtime_service(node)
     assert isinstance(result, doctor.Result)
     return result
 
@@ -264,7 +259,6 @@ def _doctor_line(tmp_path: Path, socket_path: str) -> doctor.Result:
 def test_doctor_says_whether_the_service_listens(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(config_mod, "CACHE_ROOT", str(tmp_path / "cache"))
     path = tmp_path / "runtime.sock"
     missing = _doctor_line(tmp_path, str(path))
     assert (missing.status, missing.message) == (

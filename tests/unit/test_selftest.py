@@ -10,6 +10,7 @@ import pytest
 
 from gpuhook.errors import UsageError
 from gpuhook.markers import may_request_gpu
+from gpuhook.runtime import locate
 from gpuhook.selftest import bundle, checks, cuda, lifecycle, report, session
 from tests import factories as f
 
@@ -88,7 +89,7 @@ def test_cuda_without_nvcc_or_a_program_is_none(
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setattr(cuda, "NVCC_FALLBACKS", ())
-    monkeypatch.setattr(cuda.config_mod, "_SYSTEM_PATH", ())
+    monkeypatch.setattr(locate, "SYSTEM_PATH", ())
     assert cuda.program("", str(tmp_path), ["9.0"]) == cuda.Program("", "")
     assert cuda.program(str(tmp_path / "nope"), str(tmp_path), []).problem == (
         f"{tmp_path / 'nope'} is not an executable file"

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpuhook import config as config_mod
+from gpuhook.config import loading as config_loading
+from gpuhook.config import units
 from gpuhook.errors import ConfigError, MpsError, RequestError, UsageError
 from gpuhook.model.decision import KIND_GPU, KIND_MIG, Decision, DeviceRef
 from gpuhook.mps import daemons
@@ -68,13 +69,13 @@ def refusal(decision: Decision, annotations: dict[str, str] | None = None, **mps
     ],
 )
 def test_parse_size(text: str, expected: int) -> None:
-    assert config_mod.parse_size(text) == expected
+    assert units.parse_size(text) == expected
 
 
 @pytest.mark.parametrize("text", ["8X", "", "10", "G", "1.2.3G", "-1G", "0M", "512K", "1e3M", 12])
 def test_parse_size_refuses(text: object) -> None:
     with pytest.raises(ValueError, match=r"is not a size|less than 1M"):
-        config_mod.parse_size(text)
+        units.parse_size(text)
 
 
 @pytest.mark.parametrize(
@@ -90,8 +91,8 @@ def test_parse_size_refuses(text: object) -> None:
     ],
 )
 def test_check_gpu_id(gpu_id: str, problem: str) -> None:
-    assert (problem in config_mod.check_gpu_id(gpu_id)) and bool(problem) == bool(
-        config_mod.check_gpu_id(gpu_id)
+    assert (problem in config_loading.check_gpu_id(gpu_id)) and bool(problem) == bool(
+        config_loading.check_gpu_id(gpu_id)
     )
 
 

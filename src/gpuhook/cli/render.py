@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
+import json
+from typing import TYPE_CHECKING
+
+import yaml
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
@@ -11,14 +15,10 @@ FORMATS = ("table", "json", "yaml")
 
 
 def to_json(view: Any) -> str:
-    import json
-
     return json.dumps(view, indent=2, sort_keys=False) + "\n"
 
 
 def to_yaml(view: Any) -> str:
-    import yaml
-
     return str(yaml.safe_dump(view, sort_keys=False, default_flow_style=False, width=100))
 
 

@@ -1,21 +1,21 @@
-"""What ``gpuhook inspect`` shows: pure functions from gpuhook's data to a view (a JSON-ready
-dict) and from a view to a table a person reads in seconds."""
+"""What ``gpuhook inspect node``, ``mps status``, ``gc`` and ``doctor`` show: pure functions from
+gpuhook's data to a view (a JSON-ready dict) and from a view to a table a person reads in
+seconds. The decisions (``inspect spec|container|pod``) are :mod:`gpuhook.cli.decisions`'."""
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from gpuhook.cli.render import age, mib, paint, section, table
 from gpuhook.inventory.catalog import LIBRARIES
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.inventory.store import Status
     from gpuhook.model.inventory import DeviceNode, Inventory
-    from gpuhook.pipeline.flow import Outcome
 
 
 def _iso(ts: float) -> str:
@@ -307,246 +307,6 @@ def _compute_mode_cell(modes: dict[str, str] | None, color: bool) -> str:
     distinct = set(modes.values())
     text = distinct.pop() if len(distinct) == 1 else ",".join(f"{i}:{m}" for i, m in modes.items())
     return paint(text, "ok" if text == "EXCLUSIVE_PROCESS" else "warn", color)
-
-
-# --- inspect spec -------------------------------------------------------------------------------
-
-
-def outcome_view(outcome: Outcome, bundle: str) -> dict[str, Any]:
-    """``gpuhook inspect spec``: the bundle and the decision, in the decision record's shape."""
-    from gpuhook.records import writer
-
-    return {"bundle": bundle, **writer.decided_view(outcome)}
-
-
-def _mount_rows(mounts: list[dict[str, Any]]) -> list[list[str]]:
-    """Mounts grouped by the folder they land in (a library folder is a tmpfs with one bind
-    mount per name of each library): one row per folder, the full list is in the JSON."""
-    tmpfs = [m["containerPath"] for m in mounts if m["type"] != "bind"]
-    groups: dict[str, dict[str, list[str]]] = {}  # container folder -> host file -> names
-    for m in mounts:
-        if m["type"] != "bind":
-            continue
-        folder, _, name = m["containerPath"].rpartition("/")
-        groups.setdefault(folder or "/", {}).setdefault(m["hostPath"], []).append(name)
-    rows = []
-    for folder, files in groups.items():
-        names = [min(ns, key=len) for ns in files.values()]  # a library's soname, not its file
-        hosts = {h.rpartition("/")[0] or "/" for h in files}
-        source = f" <- {hosts.pop()}" if len(hosts) == 1 else ""
-        kind = "libraries" if folder in tmpfs else "mounts"
-        where = f"{folder} (tmpfs)" if folder in tmpfs else folder
-        rows.append([kind, f"{where}: {', '.join(names)}{source}"])
-    rows += [["tmpfs", t] for t in tmpfs if t not in groups]
-    return rows
-
-
-def decision_table(view: dict[str, Any], color: bool = False) -> str:
-    """The request, the decision with its reasons, and the edits: shared by inspect spec and
-    inspect container."""
-    req = view.get("request") or {}  # None in a record: the spec had no GPU marker to parse
-    dec = view["decision"]
-    out = [_decision_head(view, req, color)]
-    channels = req.get("channels") or []
-    if channels:
-        rows = [[c["channel"], c["source"], c["value"] or '""'] for c in channels]
-        out.append(section("Requests", table(["CHANNEL", "SOURCE", "VALUE"], rows), color))
-    reasons = [
-        [paint(r["verdict"], r["verdict"], color), r["channel"], r["value"], r["why"]]
-        for r in dec["reasons"]
-    ]
-    out.append(section("Reasons", table(["VERDICT", "CHANNEL", "VALUE", "WHY"], reasons), color))
-    if view.get("mps"):
-        out.append(section("MPS", table(["LIMIT", "VALUE", "FROM"], _mps_rows(view["mps"])), color))
-    rows = _edit_rows(view.get("edits"))
-    if rows:
-        out.append(section("Injected", table(["KIND", "WHAT"], rows), color))
-    notes = (view.get("edits") or {}).get("notes", [])
-    if notes:  # each edit, then why on its own indented line (both can be long)
-        body = "".join(f"{n['what']}\n    {n['why']}\n" for n in notes)
-        out.append(section("Driver edits", body, color))
-    return "\n".join(out)
-
-
-def _decision_head(view: dict[str, Any], req: dict[str, Any], color: bool) -> str:
-    kube = view.get("kubernetes")
-    who = "-"
-    if kube:
-        who = (
-            f"Kubernetes {kube['container_type']} {kube['namespace']}/{kube['pod_name']} "
-            f"container {kube['container_name'] or '-'} (pod uid {kube['pod_uid'] or '-'})"
-        )
-    elif req.get("channels") is not None:
-        who = "not a Kubernetes container"
-    dec = view["decision"]
-    head = [
-        ("Container", who),
-        ("Privileged", "yes" if req.get("privileged") else "no" if req else "-"),
-        ("Decision", _verdict(dec, color)),
-    ]
-    if dec.get("capabilities"):
-        head.append(("Capabilities", ",".join(dec["capabilities"])))
-    width = max(len(k) for k, _ in head)
-    return "".join(f"{k.ljust(width)}  {v}\n" for k, v in head)
-
-
-def _verdict(dec: dict[str, Any], color: bool) -> str:
-    if not dec["gpu_container"]:
-        return "no GPU (no request)"
-    granted = paint("granted", "granted", color)
-    if dec["devices"]:
-        return granted + " " + ", ".join(f"{d['id']} ({d['uuid']})" for d in dec["devices"])
-    if dec["driver_only"]:
-        return granted + " driver files only (none)"
-    return paint("refused", "refused", color) + ": no GPU"
-
-
-def _mps_rows(mps: dict[str, Any]) -> list[list[str]]:
-    pct = mps["active_thread_percentage"]
-    rows = [
-        ["group", mps["group"], ""],
-        ["pipe dir", f"{mps['container_pipe_dir']} <- {mps['pipe_dir']}", ""],
-        ["active threads", f"{pct['value']}%", pct["source"]],
-    ]
-    for d in mps["pinned_memory_limits"]:
-        rows.append(
-            ["pinned memory", f"device {d['index']} (GPU {d['gpu']}): {d['limit']}", d["source"]]
-        )
-        reserved = d.get("reserved")
-        rows.append(
-            [
-                "reserved",
-                f"device {d['index']} (GPU {d['gpu']}): "
-                + (f"{reserved // (1 << 20)}M" if reserved else "none"),
-                "the group's share (the daemon's default)" if reserved else "no share configured",
-            ]
-        )
-    if mps.get("client_uid") is not None:
-        rows.append(["client uid", str(mps["client_uid"]), "the process's user, on the host"])
-    if mps.get("per_process"):
-        rows.append(["per process", "yes", mps["per_process"]])
-    return rows
-
-
-def _edit_rows(edits: dict[str, Any] | None) -> list[list[str]]:
-    if not edits:
-        return []
-    rows = [["env", e] for e in edits["env"]]
-    nodes = [f"{d['path']} ({d['major']}:{d['minor']})" for d in edits["deviceNodes"]]
-    if nodes:
-        rows.append(["devices", ", ".join(nodes)])
-    rows += _mount_rows(edits["mounts"])
-    rows += [["hook", f"{h['hookName']}: {' '.join(h['args'])}"] for h in edits["hooks"]]
-    rows += [["remove hook", h] for h in edits.get("removeHooks", [])]
-    rows += [["replace mount", m] for m in edits.get("replaceMounts", [])]
-    rows += [["engine injected", u] for u in edits.get("engineInjected", [])]
-    return rows
-
-
-# --- inspect container ----------------------------------------------------------------------------
-
-
-def _short_decision(dec: dict[str, Any], color: bool) -> str:
-    if not dec["gpu_container"]:
-        return "no GPU"
-    if dec["devices"]:
-        return paint("granted", "granted", color) + " " + ",".join(d["id"] for d in dec["devices"])
-    if dec["driver_only"]:
-        return paint("granted", "granted", color) + " driver only"
-    return paint("refused", "refused", color)
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def container_table(record: dict[str, Any], color: bool = False, now: float | None = None) -> str:
-    """One container's record: where and when it was decided, then :func:`decision_table`."""
-    now = time.time() if now is None else now
-    ts = float(record["timestamp"])
-    rt = record.get("runtime") or {}
-    runtime = rt.get("path") or "-"
-    if rt.get("root"):
-        runtime += f" --root {rt['root']}"
-    head = [
-        ("ID", record["container_id"]),
-        ("Created", f"{_iso(ts)} ({age(now - ts)}) by gpuhook {record['gpuhook_version']}"),
-        ("Bundle", record["bundle"]),
-        ("Runtime", runtime),
-        ("Config", record.get("config") or "-"),
-    ]
-    width = max(len(k) for k, _ in head)
-    block = "".join(f"{k.ljust(width)}  {v}\n" for k, v in head)
-    return block + "\n" + decision_table(record, color)
-
-
-def records_table(
-    records: list[dict[str, Any]], deleted: int, color: bool = False, now: float | None = None
-) -> str:
-    """``inspect container --all``: one line per container, oldest first."""
-    now = time.time() if now is None else now
-    rows = []
-    for r in records:
-        kube = r.get("kubernetes")
-        who = "-"
-        if kube:
-            name = kube["container_name"] or kube["container_type"]
-            who = f"{kube['namespace']}/{kube['pod_name']}/{name}"
-        dec = r["decision"]
-        why = dec["reasons"][0]["why"] if dec["reasons"] else ""
-        rows.append(
-            [
-                r["container_id"][:12],
-                age(now - float(r["timestamp"])),
-                who,
-                dec.get("channel") or "-",
-                _short_decision(dec, color),
-                _clip(why, 72),
-            ]
-        )
-    out = table(["ID", "CREATED", "KUBERNETES", "CHANNEL", "DECISION", "WHY"], rows)
-    if not records:
-        out = "no decision records\n"
-    if deleted:
-        out += (
-            f"({deleted} record link{'s' if deleted != 1 else ''} of deleted containers not "
-            "shown; gpuhook gc removes them)\n"
-        )
-    return out
-
-
-# --- inspect pod ----------------------------------------------------------------------------------
-
-
-def _asked(record: dict[str, Any]) -> str:
-    channels = (record.get("request") or {}).get("channels") or []
-    return "; ".join(f"{c['channel']} {c['value'] or chr(34) * 2}" for c in channels) or "-"
-
-
-def pod_table(view: dict[str, Any], color: bool = False, now: float | None = None) -> str:
-    """``inspect pod``: one line per recorded container of the pod, oldest first."""
-    now = time.time() if now is None else now
-    rows = []
-    pods: dict[str, str] = {}
-    for r in view["containers"]:
-        kube = r["kubernetes"]
-        name = f"{kube['namespace']}/{kube['pod_name']}".strip("/")
-        pods[kube["pod_uid"] or "-"] = pods.get(kube["pod_uid"] or "-") or name
-        dec = r["decision"]
-        rows.append(
-            [
-                kube["container_name"] or kube["container_type"],
-                kube["container_type"],
-                r["container_id"][:12],
-                age(now - float(r["timestamp"])),
-                _clip(_asked(r), 48),
-                _short_decision(dec, color),
-                _clip(dec["reasons"][0]["why"] if dec["reasons"] else "", 72),
-            ]
-        )
-    head = "".join(f"Pod {name or '-'} (uid {uid})\n" for uid, name in pods.items())
-    body = table(["CONTAINER", "TYPE", "ID", "CREATED", "ASKED", "GOT", "WHY"], rows)
-    return head + "\n" + body
 
 
 # --- gc -------------------------------------------------------------------------------------------

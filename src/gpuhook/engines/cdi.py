@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import NamedTuple
+from importlib import resources
+from typing import TYPE_CHECKING, NamedTuple
+
+import jsonschema
+import yaml
 
 from gpuhook.errors import CdiError
 from gpuhook.fsutil import atomic_write
@@ -27,12 +31,11 @@ from gpuhook.model.edits import ContainerEdits, Hook, Mount
 from gpuhook.pipeline import driverfiles, inject
 from gpuhook.pipeline.request import ENV_VISIBLE, MARKER_ROOTS, MARKER_SOURCE
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.inventory import DeviceNode, Gpu, Inventory, MigDevice
 
 CDI_VERSION = "0.5.0"  # podman 4.3 (CDI 0.5.x) reads 0.3.0 to 0.5.0; 0.5.0 brings hostPath
@@ -123,22 +126,41 @@ def _cdi_edits(edits: ContainerEdits) -> dict[str, Any]:
 
 def validate(data: Any) -> None:
     """Check ``data`` against the CDI JSON schema (shipped in ``gpuhook/schemas``)."""
-    import jsonschema
-
-    schema = _schema("cdi.schema.json")
-    store = {"defs.json": _schema("cdi.defs.json")}
-    resolver = jsonschema.RefResolver("", schema, store=store)
-    errors = sorted(
-        jsonschema.Draft7Validator(schema, resolver=resolver).iter_errors(data), key=str
-    )
+    errors = sorted(jsonschema.Draft7Validator(cdi_schema()).iter_errors(data), key=str)
     if errors:
         where = "/".join(str(p) for p in errors[0].absolute_path) or "(top)"
         raise CdiError(f"the CDI spec is invalid at {where}: {errors[0].message}")
 
 
-def _schema(name: str) -> dict[str, Any]:
-    from importlib import resources
+DEFS_REF = "defs.json#"
 
+
+def cdi_schema() -> dict[str, Any]:
+    """The CDI schema as one document: ``cdi.defs.json``'s definitions merged in, its
+    ``defs.json#/...`` references made local (``#/...``). Any jsonschema version resolves it
+    (Debian 12's 4.10 has no ``referencing``; ``RefResolver`` is deprecated since 4.18)."""
+    schema: dict[str, Any] = _local_refs(_schema("cdi.schema.json"))
+    definitions = _schema("cdi.defs.json")["definitions"]
+    if set(definitions) & set(schema.get("definitions", {})):
+        raise ValueError("cdi.defs.json and cdi.schema.json define the same name")
+    schema["definitions"] = {**definitions, **schema.get("definitions", {})}
+    return schema
+
+
+def _local_refs(node: Any) -> Any:
+    """``node`` with every ``$ref`` into ``defs.json`` pointing into the document itself."""
+    if isinstance(node, dict):
+        out = {k: _local_refs(v) for k, v in node.items()}
+        ref = out.get("$ref")
+        if isinstance(ref, str) and ref.startswith(DEFS_REF):
+            out["$ref"] = "#" + ref[len(DEFS_REF) :]
+        return out
+    if isinstance(node, list):
+        return [_local_refs(v) for v in node]
+    return node
+
+
+def _schema(name: str) -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads(
         resources.files("gpuhook").joinpath(f"schemas/{name}").read_bytes()
     )
@@ -150,8 +172,6 @@ def load(path: str) -> Any:
     with open(path, "rb") as fh:
         raw = fh.read()
     if format_for(path) == "yaml":
-        import yaml
-
         try:
             return yaml.safe_load(raw)
         except yaml.YAMLError as exc:
@@ -162,8 +182,6 @@ def load(path: str) -> Any:
 def render(data: dict[str, Any], fmt: str) -> bytes:
     """The spec as JSON or YAML text."""
     if fmt == "yaml":
-        import yaml
-
         return yaml.safe_dump(data, sort_keys=False).encode()
     return json.dumps(data, indent=2).encode() + b"\n"
 

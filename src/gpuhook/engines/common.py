@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import difflib
 import re
+import tomllib
+from typing import TYPE_CHECKING
+
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
 
 from gpuhook.errors import RegistrationError
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -26,13 +30,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 class Edit(Frozen):
     """The result of one edit: the new text, whether it differs, and what was done (for people)."""
 
-    __slots__ = ("changed", "notes", "text")
     text: str
     changed: bool
-    notes: tuple[str, ...]
-
-    def __init__(self, text: str, changed: bool, notes: tuple[str, ...] = ()) -> None:
-        _init(self, text=text, changed=changed, notes=notes)
+    notes: tuple[str, ...] = ()
 
 
 def check_name(name: str) -> None:
@@ -48,10 +48,7 @@ def toml_load(text: str, source: str) -> tuple[TOMLDocument, dict[str, Any]]:
     """``text`` parsed by tomlkit (to edit, comments and layout kept) and by tomllib (the
     reference reading); malformed TOML raises :class:`RegistrationError` with one line. Each
     engine checks the types of the keys it edits itself."""
-    import tomllib
 
-    import tomlkit
-    from tomlkit.exceptions import TOMLKitError
 
     try:
         plain = tomllib.loads(text)

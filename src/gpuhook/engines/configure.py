@@ -35,13 +35,9 @@ BACKUP_MARK = ".gpuhook-backup-"
 class FileChange(Frozen):
     """One file's planned change. ``after`` None: remove the file."""
 
-    __slots__ = ("after", "before", "path")
     path: str
     before: str | None
     after: str | None
-
-    def __init__(self, path: str, before: str | None, after: str | None) -> None:
-        _init(self, path=path, before=before, after=after)
 
     @property
     def changed(self) -> bool:
@@ -49,22 +45,11 @@ class FileChange(Frozen):
 
 
 class Plan(Frozen):
-    __slots__ = ("action", "changes", "engine", "notes", "service")
     engine: str
     action: str
     changes: tuple[FileChange, ...]
     notes: tuple[str, ...]
     service: str
-
-    def __init__(
-        self,
-        engine: str,
-        action: str,
-        changes: tuple[FileChange, ...],
-        notes: tuple[str, ...],
-        service: str,
-    ) -> None:
-        _init(self, engine=engine, action=action, changes=changes, notes=notes, service=service)
 
     @property
     def changed(self) -> bool:
@@ -113,7 +98,6 @@ def containerd_major(binary: str = readers.DAEMON[readers.CONTAINERD]) -> int:
 class _Request(Frozen):
     """What one ``runtime configure|unconfigure`` asks for, paths made absolute."""
 
-    __slots__ = ("action", "drop_in", "engine", "name", "path", "runtime_path", "set_default")
     engine: str
     action: str
     path: str

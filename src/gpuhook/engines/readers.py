@@ -21,9 +21,12 @@ the module that writes them (``gpuhook runtime configure``).
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+import tomllib
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -55,7 +58,6 @@ class Registration:
     be read ("" when it could); ``exists``: whether the file exists at all. ``cdi``: whether the
     engine resolves CDI devices itself, and ``cdi_dirs`` the folders it reads specs from.
     """
-
     def __init__(
         self,
         engine: str,
@@ -106,8 +108,6 @@ def _read(path: str) -> tuple[bytes | None, str]:
 
 
 def read_docker(path: str) -> Registration:
-    import json
-
     data, error = _read(path)
     if data is None:
         return Registration(DOCKER, path, bool(error), error=error)
@@ -134,8 +134,6 @@ def read_docker(path: str) -> Registration:
 
 
 def _load_toml(data: bytes) -> dict[str, Any]:
-    import tomllib
-
     return tomllib.loads(data.decode("utf-8"))
 
 
@@ -149,7 +147,6 @@ def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
 
 def _imports(doc: dict[str, Any], path: str, version: int) -> str:
     """Fold the files named by ``imports`` into ``doc``; returns a one-line error or ""."""
-    import glob
 
     patterns = doc.get("imports") or []
     if not isinstance(patterns, list):

@@ -1,5 +1,6 @@
 """The pure registration edits (text in, text out) of the engines gpuhook registers with:
-docker (:mod:`.docker`), containerd (:mod:`.containerd`), podman (:mod:`.podman`); what they
+docker (:mod:`.docker`), containerd (:mod:`.containerd`; its drop-in files
+:mod:`.containerd_dropin`, its TOML :mod:`.containerd_toml`), podman (:mod:`.podman`); what they
 share is in :mod:`.common`, the table of engines (names, default configs, services) in
 :mod:`.readers`. The file side (read, plan, diff, back up, write) is
 :mod:`gpuhook.engines.configure`.
@@ -8,12 +9,8 @@ share is in :mod:`.common`, the table of engines (names, default configs, servic
 from __future__ import annotations
 
 from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH, Edit, unified_diff
-from gpuhook.engines.containerd import (
-    containerd_configure,
-    containerd_dropin,
-    containerd_remove_import,
-    containerd_unconfigure,
-)
+from gpuhook.engines.containerd import containerd_configure, containerd_unconfigure
+from gpuhook.engines.containerd_dropin import containerd_dropin, containerd_remove_import
 from gpuhook.engines.docker import docker_configure, docker_unconfigure
 from gpuhook.engines.podman import podman_configure, podman_unconfigure
 

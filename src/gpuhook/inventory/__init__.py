@@ -4,5 +4,5 @@ driver-root scan (:mod:`.driverroot`, :mod:`.ldcache`, :mod:`.elf`, the graphics
 and the ``/dev/char`` links of the device nodes (:mod:`.devchar`). Its CDI export is
 :mod:`gpuhook.engines.cdi` (it builds its edits with the pipeline's own functions).
 
-May import: gpuhook.model, the top-level modules.
+May import: gpuhook.config, gpuhook.model, the top-level modules.
 """

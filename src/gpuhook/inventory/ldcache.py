@@ -123,7 +123,6 @@ class CacheEntry(Frozen):
     """One cache entry: ``key`` is the soname, ``value`` the path the loader would open;
     ``osversion`` the minimum kernel version of its ELF note (new format only)."""
 
-    __slots__ = ("arch", "flags", "hwcap", "key", "osversion", "value")
     key: str
     value: str
     flags: int

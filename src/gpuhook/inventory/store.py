@@ -19,7 +19,7 @@ from gpuhook.model.inventory import Gpu, Inventory, MigDevice
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.inventory.nvml import GpuFacts
 
 LOCK_TIMEOUT_S = 120.0

@@ -4,7 +4,8 @@
   :mod:`.fields`, the typed readers of ``from_dict``;
 - :mod:`.inventory`: the node (GPUs, MIG devices, device nodes, libraries);
 - :mod:`.decision`: request channels, requests, device references, reasons, decisions;
-- :mod:`.edits`: what gets injected (the CDI ``containerEdits`` shape).
+- :mod:`.edits`: what gets injected (the CDI ``containerEdits`` shape);
+- :mod:`.record`: a decision record as its readers see it (read once, checked, typed).
 
 May import: nothing outside this package. This ``__init__`` stays empty of imports.
 """

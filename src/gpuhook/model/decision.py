@@ -4,10 +4,12 @@ reasons and decisions (values only; :mod:`gpuhook.pipeline` computes them).
 
 from __future__ import annotations
 
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.fields import _get, _objs, _opt, _strs
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 # --- what a container asks for ------------------------------------------------------------------
@@ -24,43 +26,13 @@ class KubeIdentity(Frozen):
     or from the kubelet's per-pod mounts (:mod:`gpuhook.pipeline.identity`). ``problem`` says why
     the identity cannot be trusted ("" when it can); such a container is treated as a sandbox."""
 
-    __slots__ = (
-        "container_name",
-        "container_type",
-        "namespace",
-        "pod_name",
-        "pod_uid",
-        "problem",
-        "source",
-    )
     pod_uid: str
     namespace: str
     pod_name: str
     container_name: str
     container_type: str  # "container" | "sandbox" | "unknown"
-    source: str  # where the identity comes from: "containerd", "cri-o", "kubelet mounts"
-    problem: str
-
-    def __init__(
-        self,
-        pod_uid: str,
-        namespace: str,
-        pod_name: str,
-        container_name: str,
-        container_type: str,
-        source: str = "",
-        problem: str = "",
-    ) -> None:
-        _init(
-            self,
-            pod_uid=pod_uid,
-            namespace=namespace,
-            pod_name=pod_name,
-            container_name=container_name,
-            container_type=container_type,
-            source=source,
-            problem=problem,
-        )
+    source: str = ""  # where the identity comes from: "containerd", "cri-o", "kubelet mounts"
+    problem: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +43,17 @@ class KubeIdentity(Frozen):
             "container_type": self.container_type,
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> KubeIdentity:
+        """The identity as a record holds it (its source and problem are not recorded)."""
+        return cls(
+            _get(d, "pod_uid", str),
+            _get(d, "namespace", str),
+            _get(d, "pod_name", str),
+            _get(d, "container_name", str),
+            _get(d, "container_type", str),
+        )
+
 
 class ChannelRequest(Frozen):
     """One ask for devices through one channel.
@@ -80,17 +63,11 @@ class ChannelRequest(Frozen):
     ``problem`` is why the request is malformed ("" when it is not).
     """
 
-    __slots__ = ("channel", "ids", "problem", "source", "value")
     channel: str
     source: str
     value: str
     ids: tuple[str, ...]
-    problem: str
-
-    def __init__(
-        self, channel: str, source: str, value: str, ids: tuple[str, ...], problem: str = ""
-    ) -> None:
-        _init(self, channel=channel, source=source, value=value, ids=tuple(ids), problem=problem)
+    problem: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -100,47 +77,24 @@ class ChannelRequest(Frozen):
             "ids": list(self.ids),
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ChannelRequest:
+        return cls(
+            _get(d, "channel", str), _get(d, "source", str), _get(d, "value", str), _strs(d, "ids")
+        )
+
 
 class Request(Frozen):
     """What a container's spec asks for, and through which channels. Built by :mod:`request`."""
 
-    __slots__ = (
-        "annotations",
-        "channels",
-        "driver_capabilities",
-        "ignored",
-        "kubernetes",
-        "privileged",
-        "problems",
-    )
-    channels: tuple[ChannelRequest, ...]
-    driver_capabilities: str | None
-    privileged: bool
-    kubernetes: KubeIdentity | None
-    annotations: tuple[tuple[str, str], ...]  # gpuhook.io/* annotations, for later steps
-    problems: tuple[str, ...]  # malformed parts of the request, one line each
-    ignored: tuple[Reason, ...]  # looks like a request but is none (a CDI name of another kind)
-
-    def __init__(
-        self,
-        channels: tuple[ChannelRequest, ...] = (),
-        driver_capabilities: str | None = None,
-        privileged: bool = False,
-        kubernetes: KubeIdentity | None = None,
-        annotations: tuple[tuple[str, str], ...] = (),
-        problems: tuple[str, ...] = (),
-        ignored: tuple[Reason, ...] = (),
-    ) -> None:
-        _init(
-            self,
-            channels=tuple(channels),
-            driver_capabilities=driver_capabilities,
-            privileged=privileged,
-            kubernetes=kubernetes,
-            annotations=tuple(annotations),
-            problems=tuple(problems),
-            ignored=tuple(ignored),
-        )
+    channels: tuple[ChannelRequest, ...] = ()
+    driver_capabilities: str | None = None
+    privileged: bool = False
+    kubernetes: KubeIdentity | None = None
+    annotations: tuple[tuple[str, str], ...] = ()  # gpuhook.io/* annotations, for later steps
+    problems: tuple[str, ...] = ()  # malformed parts of the request, one line each
+    # looks like a request but is none (a CDI name of another kind)
+    ignored: tuple[Reason, ...] = ()
 
     def annotation(self, key: str) -> str | None:
         for k, v in self.annotations:
@@ -158,6 +112,22 @@ class Request(Frozen):
             "problems": list(self.problems),
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Request:
+        """The request as a record holds it (what was ignored is in the decision's reasons)."""
+        kube = _opt(d, "kubernetes", dict)
+        annotations = _opt(d, "annotations", dict, {})
+        if not all(isinstance(v, str) for v in annotations.values()):
+            raise ValueError("field 'annotations' must map names to strings")
+        return cls(
+            tuple(ChannelRequest.from_dict(c) for c in _objs(d, "channels")),
+            _opt(d, "driver_capabilities", str),
+            _get(d, "privileged", bool),
+            KubeIdentity.from_dict(kube) if kube is not None else None,
+            tuple(annotations.items()),
+            _strs(d, "problems"),
+        )
+
 
 # --- what gpuhook decides -------------------------------------------------------------------------
 
@@ -168,14 +138,10 @@ KIND_MIG = "mig"
 class DeviceRef(Frozen):
     """A device resolved against the inventory: a whole GPU or one MIG device."""
 
-    __slots__ = ("gpu_index", "kind", "mig_index", "uuid")
     kind: str
     uuid: str
     gpu_index: int
-    mig_index: int | None
-
-    def __init__(self, kind: str, uuid: str, gpu_index: int, mig_index: int | None = None) -> None:
-        _init(self, kind=kind, uuid=uuid, gpu_index=gpu_index, mig_index=mig_index)
+    mig_index: int | None = None
 
     @property
     def display_id(self) -> str:
@@ -189,6 +155,14 @@ class DeviceRef(Frozen):
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "id": self.display_id, "uuid": self.uuid}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DeviceRef:
+        """``{"kind", "id", "uuid"}``: ``id`` is the GPU index, or ``<gpu>:<mig>``."""
+        gpu, sep, mig = _get(d, "id", str).partition(":")
+        if not gpu.isdigit() or (sep and not mig.isdigit()):
+            raise ValueError(f"field 'id' is not a GPU index or <gpu>:<mig> ({d['id']!r})")
+        return cls(_get(d, "kind", str), _get(d, "uuid", str), int(gpu), int(mig) if sep else None)
+
 
 VERDICT_GRANTED = "granted"
 VERDICT_REFUSED = "refused"
@@ -199,14 +173,10 @@ VERDICT_SUPERSEDED = "superseded"
 class Reason(Frozen):
     """One line of the decision's explanation: which channel, which value, what and why."""
 
-    __slots__ = ("channel", "value", "verdict", "why")
     channel: str
     value: str
     verdict: str
     why: str
-
-    def __init__(self, channel: str, value: str, verdict: str, why: str) -> None:
-        _init(self, channel=channel, value=value, verdict=verdict, why=why)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -215,6 +185,11 @@ class Reason(Frozen):
             "verdict": self.verdict,
             "why": self.why,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Reason:
+        verdict = _get(d, "verdict", str)
+        return cls(_get(d, "channel", str), _get(d, "value", str), verdict, _get(d, "why", str))
 
 
 class Decision(Frozen):
@@ -226,43 +201,13 @@ class Decision(Frozen):
     ``NVIDIA_VISIBLE_DEVICES=void`` so that no other NVIDIA component acts on it.
     """
 
-    __slots__ = (
-        "capabilities",
-        "channel",
-        "devices",
-        "driver_only",
-        "gpu_container",
-        "reasons",
-        "refused",
-    )
     gpu_container: bool
-    devices: tuple[DeviceRef, ...]
-    driver_only: bool
-    capabilities: tuple[str, ...]
-    channel: str | None
-    reasons: tuple[Reason, ...]
-    refused: bool
-
-    def __init__(
-        self,
-        gpu_container: bool,
-        devices: tuple[DeviceRef, ...] = (),
-        driver_only: bool = False,
-        capabilities: tuple[str, ...] = (),
-        channel: str | None = None,
-        reasons: tuple[Reason, ...] = (),
-        refused: bool = False,
-    ) -> None:
-        _init(
-            self,
-            gpu_container=gpu_container,
-            devices=tuple(devices),
-            driver_only=driver_only,
-            capabilities=tuple(capabilities),
-            channel=channel,
-            reasons=tuple(reasons),
-            refused=refused,
-        )
+    devices: tuple[DeviceRef, ...] = ()
+    driver_only: bool = False
+    capabilities: tuple[str, ...] = ()
+    channel: str | None = None
+    reasons: tuple[Reason, ...] = ()
+    refused: bool = False
 
     @property
     def injects(self) -> bool:
@@ -279,3 +224,15 @@ class Decision(Frozen):
             "refused": self.refused,
             "reasons": [r.to_dict() for r in self.reasons],
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Decision:
+        return cls(
+            _get(d, "gpu_container", bool),
+            tuple(DeviceRef.from_dict(x) for x in _objs(d, "devices")),
+            _get(d, "driver_only", bool),
+            _strs(d, "capabilities"),
+            _opt(d, "channel", str),
+            tuple(Reason.from_dict(r) for r in _objs(d, "reasons")),
+            _get(d, "refused", bool),
+        )

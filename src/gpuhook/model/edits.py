@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.fields import _get, _objs, _opt, _strs
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
     from gpuhook.model.inventory import DeviceNode
@@ -14,26 +16,10 @@ if TYPE_CHECKING:
 
 
 class Mount(Frozen):
-    __slots__ = ("container_path", "host_path", "options", "type")
     host_path: str
     container_path: str
-    type: str
-    options: tuple[str, ...]
-
-    def __init__(
-        self,
-        host_path: str,
-        container_path: str,
-        type: str = "bind",
-        options: tuple[str, ...] = (),
-    ) -> None:
-        _init(
-            self,
-            host_path=host_path,
-            container_path=container_path,
-            type=type,
-            options=tuple(options),
-        )
+    type: str = "bind"
+    options: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,26 +29,22 @@ class Mount(Frozen):
             "options": list(self.options),
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Mount:
+        return cls(
+            _get(d, "hostPath", str),
+            _get(d, "containerPath", str),
+            _get(d, "type", str),
+            _strs(d, "options"),
+        )
+
 
 class Hook(Frozen):
-    __slots__ = ("args", "env", "hook_name", "path", "timeout")
     hook_name: str
     path: str
-    args: tuple[str, ...]
-    env: tuple[str, ...]
-    timeout: int | None
-
-    def __init__(
-        self,
-        hook_name: str,
-        path: str,
-        args: tuple[str, ...] = (),
-        env: tuple[str, ...] = (),
-        timeout: int | None = None,
-    ) -> None:
-        _init(
-            self, hook_name=hook_name, path=path, args=tuple(args), env=tuple(env), timeout=timeout
-        )
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    timeout: int | None = None
 
     def to_oci(self) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path, "args": list(self.args), "env": list(self.env)}
@@ -73,20 +55,30 @@ class Hook(Frozen):
     def to_dict(self) -> dict[str, Any]:
         return {"hookName": self.hook_name, **self.to_oci()}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Hook:
+        return cls(
+            _get(d, "hookName", str),
+            _get(d, "path", str),
+            _strs(d, "args"),
+            _strs(d, "env"),
+            _opt(d, "timeout", int),
+        )
+
 
 class Note(Frozen):
     """Why an edit is there (or why one is not): ``what`` names it, ``why`` says the reason, for
     ``gpuhook inspect`` and the decision record. Not an edit itself."""
 
-    __slots__ = ("what", "why")
     what: str
     why: str
 
-    def __init__(self, what: str, why: str) -> None:
-        _init(self, what=what, why=why)
-
     def to_dict(self) -> dict[str, str]:
         return {"what": self.what, "why": self.why}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Note:
+        return cls(_get(d, "what", str), _get(d, "why", str))
 
 
 class ContainerEdits(Frozen):
@@ -102,47 +94,14 @@ class ContainerEdits(Frozen):
     compatibility, graphics files, the modeset node) for ``gpuhook inspect``.
     """
 
-    __slots__ = (
-        "device_nodes",
-        "engine_injected",
-        "env",
-        "hooks",
-        "mounts",
-        "notes",
-        "remove_hooks",
-        "replace_mounts",
-    )
-    env: tuple[str, ...]
-    device_nodes: tuple[DeviceNode, ...]
-    mounts: tuple[Mount, ...]
-    hooks: tuple[Hook, ...]
-    remove_hooks: tuple[str, ...]
-    replace_mounts: tuple[str, ...]
-    engine_injected: tuple[str, ...]
-    notes: tuple[Note, ...]
-
-    def __init__(
-        self,
-        env: tuple[str, ...] = (),
-        device_nodes: tuple[DeviceNode, ...] = (),
-        mounts: tuple[Mount, ...] = (),
-        hooks: tuple[Hook, ...] = (),
-        remove_hooks: tuple[str, ...] = (),
-        replace_mounts: tuple[str, ...] = (),
-        engine_injected: tuple[str, ...] = (),
-        notes: tuple[Note, ...] = (),
-    ) -> None:
-        _init(
-            self,
-            env=tuple(env),
-            device_nodes=tuple(device_nodes),
-            mounts=tuple(mounts),
-            hooks=tuple(hooks),
-            remove_hooks=tuple(remove_hooks),
-            replace_mounts=tuple(replace_mounts),
-            engine_injected=tuple(engine_injected),
-            notes=tuple(notes),
-        )
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
+    remove_hooks: tuple[str, ...] = ()
+    replace_mounts: tuple[str, ...] = ()
+    engine_injected: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
 
     def is_empty(self) -> bool:
         return not (
@@ -183,3 +142,30 @@ class ContainerEdits(Frozen):
         if self.notes:
             out["notes"] = [n.to_dict() for n in self.notes]
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ContainerEdits:
+        """The ``containerEdits`` JSON form of :meth:`to_dict` (a decision record's ``edits``)."""
+        from gpuhook.model.inventory import DeviceNode
+
+        nodes = tuple(
+            DeviceNode(
+                _get(n, "path", str),
+                _get(n, "hostPath", str),
+                _get(n, "major", int),
+                _get(n, "minor", int),
+                _get(n, "fileMode", int),
+                _get(n, "type", str),
+            )
+            for n in _objs(d, "deviceNodes")
+        )
+        return cls(
+            _strs(d, "env"),
+            nodes,
+            tuple(Mount.from_dict(m) for m in _objs(d, "mounts")),
+            tuple(Hook.from_dict(h) for h in _objs(d, "hooks")),
+            _strs(d, "removeHooks"),
+            _strs(d, "replaceMounts"),
+            _strs(d, "engineInjected"),
+            tuple(Note.from_dict(n) for n in _objs(d, "notes")),
+        )

@@ -22,18 +22,12 @@ if TYPE_CHECKING:
 class DeviceNode(Frozen):
     """A character device: ``path`` as the container sees it, ``host_path`` where it really is."""
 
-    __slots__ = ("host_path", "major", "minor", "mode", "path", "type")
     path: str
     host_path: str
     major: int
     minor: int
-    mode: int
-    type: str
-
-    def __init__(
-        self, path: str, host_path: str, major: int, minor: int, mode: int = 0o666, type: str = "c"
-    ) -> None:
-        _init(self, path=path, host_path=host_path, major=major, minor=minor, mode=mode, type=type)
+    mode: int = 0o666
+    type: str = "c"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,32 +71,12 @@ class Library(Frozen):
     the soname (``libcuda.so`` -> ``libcuda.so.1``), what ``-lcuda`` finds; "" when it has none.
     """
 
-    __slots__ = ("capability", "dev_link", "name", "path", "soname", "version")
     name: str
     path: str
     soname: str
     version: str
     capability: str
-    dev_link: str
-
-    def __init__(
-        self,
-        name: str,
-        path: str,
-        soname: str,
-        version: str,
-        capability: str,
-        dev_link: str = "",
-    ) -> None:
-        _init(
-            self,
-            name=name,
-            path=path,
-            soname=soname,
-            version=version,
-            capability=capability,
-            dev_link=dev_link,
-        )
+    dev_link: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -134,24 +108,11 @@ class HostFile(Frozen):
     ``path`` is the host path; ``container_path`` where the file is mounted inside a container.
     """
 
-    __slots__ = ("capability", "container_path", "kind", "name", "path")
     kind: str  # "binary" | "firmware" | "socket" | "loader" | "loader-library"
     name: str
     path: str
     container_path: str
     capability: str
-
-    def __init__(
-        self, kind: str, name: str, path: str, container_path: str, capability: str
-    ) -> None:
-        _init(
-            self,
-            kind=kind,
-            name=name,
-            path=path,
-            container_path=container_path,
-            capability=capability,
-        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -176,16 +137,6 @@ class HostFile(Frozen):
 class MigDevice(Frozen):
     """A MIG device of a MIG-enabled GPU, with the nvidia-caps nodes a container needs for it."""
 
-    __slots__ = (
-        "caps",
-        "compute_instance_id",
-        "gpu_index",
-        "gpu_instance_id",
-        "index",
-        "memory_total",
-        "name",
-        "uuid",
-    )
     index: int
     uuid: str
     gpu_index: int
@@ -193,30 +144,7 @@ class MigDevice(Frozen):
     compute_instance_id: int
     name: str
     memory_total: int
-    caps: tuple[DeviceNode, ...]
-
-    def __init__(
-        self,
-        index: int,
-        uuid: str,
-        gpu_index: int,
-        gpu_instance_id: int,
-        compute_instance_id: int,
-        name: str,
-        memory_total: int,
-        caps: tuple[DeviceNode, ...] = (),
-    ) -> None:
-        _init(
-            self,
-            index=index,
-            uuid=uuid,
-            gpu_index=gpu_index,
-            gpu_instance_id=gpu_instance_id,
-            compute_instance_id=compute_instance_id,
-            name=name,
-            memory_total=memory_total,
-            caps=tuple(caps),
-        )
+    caps: tuple[DeviceNode, ...] = ()
 
     @property
     def display_id(self) -> str:
@@ -284,19 +212,6 @@ class Gpu(_LazyMigs):
     ``brand``: NVML's brand type (``nvmlDeviceGetBrand``: 2 Tesla, 5 GeForce, 14 NVIDIA...),
     which tells data center GPUs (CUDA forward compatibility) from consumer ones; 0 unknown."""
 
-    __slots__ = (
-        "brand",
-        "compute_capability",
-        "index",
-        "memory_total",
-        "mig_devices",
-        "mig_enabled",
-        "minor",
-        "name",
-        "node",
-        "pci_bus_id",
-        "uuid",
-    )
     index: int
     uuid: str
     minor: int
@@ -411,21 +326,6 @@ INVENTORY_SCHEMA_VERSION = 2  # 2: libraries' dev_link, GPUs' brand, graphics lo
 class Inventory(Frozen):
     """Everything the container-create path needs to know about the node, read from one file."""
 
-    __slots__ = (
-        "control_nodes",
-        "cuda_driver_version",
-        "dev_root",
-        "driver_root",
-        "driver_version",
-        "files",
-        "generated_at",
-        "gpus",
-        "libraries",
-        "missing_libraries",
-        "nvml_library",
-        "staleness_key",
-        "warnings",
-    )
     generated_at: float
     driver_root: str
     dev_root: str

@@ -4,6 +4,6 @@ create path).
 
 The pure part (share groups, limits) is :mod:`gpuhook.pipeline.sharing`.
 
-May import: gpuhook.pipeline, gpuhook.records, gpuhook.inventory, gpuhook.model, the top-level
-modules.
+May import: gpuhook.pipeline, gpuhook.records, gpuhook.inventory, gpuhook.config, gpuhook.model,
+the top-level modules.
 """

@@ -35,14 +35,14 @@ from __future__ import annotations
 import os
 
 from gpuhook.errors import MpsError, RequestError
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.fsutil import FileLock
+    from gpuhook.model.record import Record
     from gpuhook.pipeline.sharing import MpsPlan
 
 LOCK_NAME = "mps-usage.lock"
@@ -56,29 +56,11 @@ class Reservation(Frozen):
     known), what it reserves per GPU, and its state (``creating``, the runtime's status, or
     ``unknown: ...``)."""
 
-    __slots__ = ("container_id", "group", "reserved", "state", "uid")
     container_id: str
     group: str
     uid: int | None
     reserved: tuple[tuple[str, int], ...]  # (GPU uuid, bytes)
     state: str
-
-    def __init__(
-        self,
-        container_id: str,
-        group: str,
-        uid: int | None,
-        reserved: tuple[tuple[str, int], ...],
-        state: str,
-    ) -> None:
-        _init(
-            self,
-            container_id=container_id,
-            group=group,
-            uid=uid,
-            reserved=tuple(reserved),
-            state=state,
-        )
 
     def on(self, uuid: str) -> int:
         return sum(size for u, size in self.reserved if u == uuid)
@@ -241,28 +223,18 @@ def live(
     return out
 
 
-def reservation_of(record: dict[str, Any], container_id: str) -> Reservation | None:
+def reservation_of(record: Record, container_id: str) -> Reservation | None:
     """What a decision record reserves (None: not an MPS client). Records written before
-    reservations existed count their ``counted`` limits."""
-    mps = record.get("mps")
-    if not isinstance(mps, dict) or not isinstance(mps.get("group"), str):
+    reservations existed count their ``counted`` limits
+    (:attr:`gpuhook.model.record.MpsLimit.reservation`)."""
+    mps = record.view.mps
+    if mps is None:
         return None
-    entries = mps.get("pinned_memory_limits")
-    reserved = []
-    for entry in entries if isinstance(entries, list) else []:
-        if not isinstance(entry, dict) or not isinstance(entry.get("uuid"), str):
-            continue
-        size = entry.get("reserved")
-        if size is None and entry.get("counted") is True:
-            size = entry.get("bytes")
-        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-            reserved.append((entry["uuid"], size))
-    uid = mps.get("client_uid")  # absent before gpuhook recorded it: not known
-    uid = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
-    return Reservation(container_id, mps["group"], uid, tuple(reserved), "")
+    reserved = tuple((x.uuid, x.reservation) for x in mps.limits if x.reservation > 0)
+    return Reservation(container_id, mps.group, mps.client_uid, reserved, "")
 
 
-def liveness(record: dict[str, Any], container_id: str, runtime: str) -> str:
+def liveness(record: Record, container_id: str, runtime: str) -> str:
     """Whether the runtime is not finished with a recorded container: its state (``creating``
     while the process that ran the runtime's create lives), "" when it exited or is gone.
     ``runtime``: the configured one, never a path read from the record (in the bundle), which
@@ -270,15 +242,12 @@ def liveness(record: dict[str, Any], container_id: str, runtime: str) -> str:
     witnesses, as for ``gpuhook gc``: ``state`` fails and the state folder has no entry."""
     from gpuhook.records.lookup import DEFAULT_ROOTS, query_state
 
-    recorded = record.get("runtime")
-    recorded = recorded if isinstance(recorded, dict) else {}
-    creator = recorded.get("creator")
-    if isinstance(creator, dict) and _alive(creator.get("pid"), creator.get("start")):
+    creator = record.runtime.creator
+    if creator is not None and _alive(creator.pid, creator.start):
         return CREATING
     if not runtime:
         return "unknown: no runtime configured"
-    root = recorded.get("root")
-    root = root if isinstance(root, str) else ""
+    root = record.runtime.root
     try:
         code, out = query_state(runtime, root, container_id)
     except OSError as exc:
@@ -323,8 +292,8 @@ def creator(pid: int) -> dict[str, int] | None:
     return {"pid": pid, "start": start} if start is not None else None
 
 
-def _alive(pid: Any, start: Any) -> bool:
-    return isinstance(pid, int) and pid > 0 and start is not None and start_time(pid) == start
+def _alive(pid: int, start: int) -> bool:
+    return pid > 0 and start_time(pid) == start
 
 
 # --- admission ------------------------------------------------------------------------------------

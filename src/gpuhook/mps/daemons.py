@@ -37,7 +37,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.inventory import Inventory
     from gpuhook.pipeline.sharing import Group
 
@@ -70,8 +70,8 @@ def control_pid(pipe_dir: str) -> int | None:
 
 def recorded_pid(pipe_dir: str) -> int | None:
     """The pid in the record, whether or not it still runs; None for no (or no trusted) record:
-    gpuhook's one rule for the files it acts on (:func:`gpuhook.config.trusted_file`)."""
-    from gpuhook.config import trusted_file
+    gpuhook's one rule for the files it acts on (:func:`gpuhook.config.cache.trusted_file`)."""
+    from gpuhook.config.cache import trusted_file
 
     try:
         fd = os.open(record_path(pipe_dir), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -6,6 +6,6 @@ that loader: :mod:`.bundle`), the install and uninstall steps and their record o
 (:mod:`.install`), and what runs on the host side (chroot into the host root, the engine's
 restart through PID 1's namespaces: :mod:`.host`).
 
-May import: gpuhook.engines, gpuhook.inventory, gpuhook.model, gpuhook.runtime (the
-dispatcher's relocation), the top-level modules.
+May import: gpuhook.engines, gpuhook.inventory, gpuhook.config, gpuhook.model, gpuhook.runtime
+(the dispatcher's relocation), the top-level modules.
 """

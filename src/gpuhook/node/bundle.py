@@ -1,7 +1,6 @@
 """The self-contained runtime a node gets under ``/opt/gpuhook``, copied from the image it runs in.
 
 Layout (paths as the host sees them)::
-
     /opt/gpuhook/bin/python3              the image's interpreter
     /opt/gpuhook/bin/gpuhook-runtime      the image's dispatchers (C, static; POSIX sh), which
     /opt/gpuhook/bin/gpuhook              start Python through the loader
@@ -24,8 +23,10 @@ import struct
 import subprocess
 import sys
 
+import gpuhook
 from gpuhook.errors import NodeInstallError
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
+from gpuhook.runtime import dispatch
 
 PREFIX = "/opt/gpuhook"
 LIB = f"{PREFIX}/lib"
@@ -41,7 +42,6 @@ PT_INTERP = 3
 class Source(Frozen):
     """Where the image keeps what is copied: interpreter, stdlib, site folder, dispatchers."""
 
-    __slots__ = ("bin_dir", "ldconfig", "python", "python_cmd", "site", "stdlib")
     python: str
     stdlib: str
     site: str
@@ -49,23 +49,9 @@ class Source(Frozen):
     ldconfig: str
     python_cmd: str
 
-    def __init__(
-        self, python: str, stdlib: str, site: str, bin_dir: str, ldconfig: str, python_cmd: str
-    ) -> None:
-        _init(
-            self,
-            python=python,
-            stdlib=stdlib,
-            site=site,
-            bin_dir=bin_dir,
-            ldconfig=ldconfig,
-            python_cmd=python_cmd,
-        )
-
 
 def image_source() -> Source:
     """This interpreter and the packages it runs gpuhook from (Debian's layout in the image)."""
-    import gpuhook
 
     site = os.path.dirname(os.path.dirname(os.path.abspath(gpuhook.__file__)))
     return Source(
@@ -162,7 +148,6 @@ def dispatcher(name: str, data: bytes, source: Source, loader_name: str) -> byte
     """The image's dispatcher ``name`` with its interpreter and package folder replaced by the
     copies: written into the compiled gpuhook-runtime's interpreter region, replaced in the sh
     text of gpuhook."""
-    from gpuhook.runtime import dispatch
 
     if name == "gpuhook-runtime":
         old = dispatch.python_command(source.python_cmd, source.site)

@@ -32,18 +32,20 @@ import shutil
 import signal
 from typing import TYPE_CHECKING, Any
 
-from gpuhook import config as config_mod
+from gpuhook.config import cache as config_cache
+from gpuhook.config import loading as config_loading
+from gpuhook.config.types import DEFAULT_PATH
 from gpuhook.engines import configure, readers
 from gpuhook.errors import ConfigError, NodeInstallError
 from gpuhook.fsutil import atomic_write, temp_name
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 from gpuhook.node import bundle, host
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 RECORD = f"{bundle.PREFIX}/install.json"
-CONFIG = config_mod.DEFAULT_PATH
+CONFIG = DEFAULT_PATH
 HOOK_PATH = f"{bundle.PREFIX}/bin/gpuhook"
 RUNTIME_PATH = f"{bundle.PREFIX}/bin/gpuhook-runtime"
 LDCONFIG = f"{bundle.PREFIX}/bin/ldconfig"
@@ -66,13 +68,9 @@ class Record(Frozen):
     """What an install left on the node: the engine, the host paths it (or gpuhook) created,
     and whether the engine still needs a restart to see the registration."""
 
-    __slots__ = ("created", "engine", "restart_pending")
     engine: str
     created: tuple[str, ...]
     restart_pending: bool
-
-    def __init__(self, engine: str, created: tuple[str, ...], restart_pending: bool) -> None:
-        _init(self, engine=engine, created=created, restart_pending=restart_pending)
 
     def with_pending(self, pending: bool) -> Record:
         return Record(self.engine, self.created, pending)
@@ -112,7 +110,7 @@ def validated_config(config_file: str | None) -> tuple[bytes, dict[str, Any]]:
                 raw = fh.read()
         except OSError as exc:
             raise ConfigError(config_file, exc.strerror or "cannot read") from None
-    data = config_mod.validate_data(name, config_mod.parse_yaml(name, raw))
+    data = config_loading.validate_data(name, config_loading.parse_yaml(name, raw))
     if data["hook"]["path"] not in (None, HOOK_PATH):
         raise ConfigError(
             name, f"must be {HOOK_PATH} on a node installed by the DaemonSet", "hook.path"
@@ -124,7 +122,7 @@ def footprint(data: dict[str, Any], engine_config: str) -> tuple[str, ...]:
     """The host paths gpuhook may create on the node (its folders, config, state, log, cache,
     CDI spec)."""
     paths = [bundle.PREFIX, os.path.dirname(CONFIG), CONFIG, data["state_dir"]]
-    paths += [os.path.dirname(config_mod.CACHE_ROOT), engine_config]
+    paths += [os.path.dirname(config_cache.CACHE_ROOT), engine_config]
     if data["inventory"]["path"]:
         paths.append(data["inventory"]["path"])
     if data["log"]["file"]:
@@ -264,7 +262,8 @@ def low_level_runtime(host_root: str) -> str:
     """The host path of the runtime gpuhook wrapped: the config's runtime.path when absolute,
     else runc or crun in the host's system folders."""
     try:
-        configured = config_mod.compile_file(host.host_path(host_root, CONFIG))["runtime"]["path"]
+        compiled = config_loading.compile_file(host.host_path(host_root, CONFIG))
+        configured = compiled["runtime"]["path"]
     except ConfigError:
         configured = ""
     if configured.startswith("/"):

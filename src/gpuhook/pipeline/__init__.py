@@ -8,5 +8,6 @@ forward compatibility: :mod:`.compat`), the edits interpreter (:mod:`.apply`), t
 them in order (:mod:`.flow`). No file, NVML or process I/O apart from the checkpoint reader: the
 inventory, the checkpoint and the MPS state come in as sources (:mod:`gpuhook.runtime.decide`).
 
-May import: gpuhook.model, gpuhook.inventory.catalog (pure data), the top-level modules.
+May import: gpuhook.model, gpuhook.inventory.catalog (pure data), gpuhook.config.types,
+gpuhook.config.units (values, not the config's I/O), the top-level modules.
 """

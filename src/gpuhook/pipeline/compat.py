@@ -23,7 +23,7 @@ links on the host side); here it is only compared.
 from __future__ import annotations
 
 from gpuhook.model.edits import Note
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -59,43 +59,19 @@ class CompatLibrary(Frozen):
     ``version``; from its note, when it has one: ``drivers`` (host driver branches it supports)
     and ``brands`` (GPU brands). ``problem``: why it cannot be used ("" when it can be read)."""
 
-    __slots__ = ("brands", "drivers", "file", "folder", "problem", "version")
     folder: str
-    file: str
-    version: str
-    drivers: tuple[int, ...] | None
-    brands: tuple[int, ...] | None
-    problem: str
-
-    def __init__(
-        self,
-        folder: str,
-        file: str = "",
-        version: str = "",
-        drivers: tuple[int, ...] | None = None,
-        brands: tuple[int, ...] | None = None,
-        problem: str = "",
-    ) -> None:
-        _init(
-            self,
-            folder=folder,
-            file=file,
-            version=version,
-            drivers=drivers,
-            brands=brands,
-            problem=problem,
-        )
+    file: str = ""
+    version: str = ""
+    drivers: tuple[int, ...] | None = None
+    brands: tuple[int, ...] | None = None
+    problem: str = ""
 
 
 class CompatChoice(Frozen):
     """The decision: ``folder`` to put first in the ld.so.cache ("" for none), and why."""
 
-    __slots__ = ("folder", "note")
     folder: str
     note: Note
-
-    def __init__(self, folder: str, note: Note) -> None:
-        _init(self, folder=folder, note=note)
 
 
 def parse_version(text: str) -> tuple[int, ...] | None:

@@ -22,13 +22,13 @@ Every choice that is not obvious from the capability list carries a :class:`Note
 from __future__ import annotations
 
 from gpuhook.model.edits import Mount, Note
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.inventory import DeviceNode, Inventory, Library
 
 RO_BIND = ("ro", "nosuid", "nodev", "bind")
@@ -55,29 +55,11 @@ class DriverFiles(Frozen):
     folders its ld.so.cache must list; ``links``, the hook's ``LINK=TARGET`` arguments (links
     made inside those folders); ``env``; and the ``notes`` saying why."""
 
-    __slots__ = ("env", "folders", "links", "mounts", "notes")
     mounts: tuple[Mount, ...]
     folders: tuple[str, ...]
     links: tuple[str, ...]
     env: tuple[str, ...]
     notes: tuple[Note, ...]
-
-    def __init__(
-        self,
-        mounts: Iterable[Mount],
-        folders: Iterable[str],
-        links: Iterable[str],
-        env: Iterable[str],
-        notes: Iterable[Note],
-    ) -> None:
-        _init(
-            self,
-            mounts=tuple(mounts),
-            folders=tuple(folders),
-            links=tuple(links),
-            env=tuple(env),
-            notes=tuple(notes),
-        )
 
 
 def compat32_dir(lib_dir: str) -> str:
@@ -129,7 +111,7 @@ def driver_files(
     mounts += file_mounts(inventory, config, caps)
     if caps & MODESET_CAPABILITIES:
         notes += _modeset_notes(inventory, caps)
-    return DriverFiles(mounts, folders, links, env, notes)
+    return DriverFiles(tuple(mounts), tuple(folders), tuple(links), tuple(env), tuple(notes))
 
 
 def _wanted(lib: Library, caps: frozenset[str]) -> bool:

@@ -9,7 +9,7 @@ reads only the checkpoint.
 from __future__ import annotations
 
 from gpuhook.errors import CheckpointError, MpsError, RequestError
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 from gpuhook.pipeline import apply, identity, inject, policy, request
 
 TYPE_CHECKING = False
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.decision import Decision, Request
     from gpuhook.model.edits import ContainerEdits
     from gpuhook.model.inventory import Inventory
@@ -34,17 +34,6 @@ if TYPE_CHECKING:
 
 
 class Outcome(Frozen):
-    __slots__ = (
-        "allocation",
-        "allocation_error",
-        "changed",
-        "decision",
-        "edits",
-        "inventory",
-        "mps",
-        "request",
-        "spec",
-    )
     request: Request
     decision: Decision
     edits: ContainerEdits
@@ -53,32 +42,7 @@ class Outcome(Frozen):
     allocation: Allocation | None
     allocation_error: str
     inventory: Inventory | None
-    mps: MpsPlan | None
-
-    def __init__(
-        self,
-        request: Request,
-        decision: Decision,
-        edits: ContainerEdits,
-        spec: dict[str, Any],
-        changed: bool,
-        allocation: Allocation | None,
-        allocation_error: str,
-        inventory: Inventory | None,
-        mps: MpsPlan | None = None,
-    ) -> None:
-        _init(
-            self,
-            request=request,
-            decision=decision,
-            edits=edits,
-            spec=spec,
-            changed=changed,
-            allocation=allocation,
-            allocation_error=allocation_error,
-            inventory=inventory,
-            mps=mps,
-        )
+    mps: MpsPlan | None = None
 
 
 def run(

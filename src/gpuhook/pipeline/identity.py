@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 
 from gpuhook.model.decision import KubeIdentity
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -223,12 +223,8 @@ class Client(Frozen):
     sees them (through the spec's user namespace mappings). ``uid`` None: not known (a user
     namespace joined by path, an id outside the mappings)."""
 
-    __slots__ = ("gids", "uid")
     uid: int | None
-    gids: tuple[int, ...]
-
-    def __init__(self, uid: int | None, gids: tuple[int, ...] = ()) -> None:
-        _init(self, uid=uid, gids=tuple(gids))
+    gids: tuple[int, ...] = ()
 
 
 ROOT_CLIENT = Client(0, (0,))

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.decision import Decision, DeviceRef
     from gpuhook.model.inventory import DeviceNode, Gpu, Inventory
     from gpuhook.pipeline.compat import CompatChoice

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from gpuhook import _fastjson
 from gpuhook.errors import CheckpointError
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,26 +26,10 @@ MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
 class Allocation(Frozen):
     """Device ids allocated to one container, per device-plugin resource."""
 
-    __slots__ = ("container_name", "pod_uid", "resources", "source")
     pod_uid: str
     container_name: str
     resources: tuple[tuple[str, tuple[str, ...]], ...]
     source: str
-
-    def __init__(
-        self,
-        pod_uid: str,
-        container_name: str,
-        resources: tuple[tuple[str, tuple[str, ...]], ...],
-        source: str,
-    ) -> None:
-        _init(
-            self,
-            pod_uid=pod_uid,
-            container_name=container_name,
-            resources=tuple(resources),
-            source=source,
-        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -38,14 +38,14 @@ from gpuhook.model.decision import (
     Decision,
     Reason,
 )
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 from gpuhook.pipeline.identity import CONTAINER, SANDBOX
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from gpuhook.config import PolicyConfig
+    from gpuhook.config.types import PolicyConfig
     from gpuhook.model.decision import ChannelRequest, DeviceRef, KubeIdentity, Request
     from gpuhook.model.inventory import Inventory
     from gpuhook.pipeline.kubelet import Allocation
@@ -65,33 +65,18 @@ class Trust(Frozen):
     node. ``note``: a reason line to add.
     """
 
-    __slots__ = ("allocated", "allowed", "note", "trusted", "why")
     trusted: bool
     why: str
-    allowed: tuple[str, ...] | None
-    note: str
-    allocated: tuple[tuple[str, tuple[str, ...]], ...]
-
-    def __init__(
-        self,
-        trusted: bool,
-        why: str,
-        allowed: tuple[str, ...] | None = None,
-        note: str = "",
-        allocated: tuple[tuple[str, tuple[str, ...]], ...] = (),
-    ) -> None:
-        _init(self, trusted=trusted, why=why, allowed=allowed, note=note, allocated=allocated)
+    allowed: tuple[str, ...] | None = None
+    note: str = ""
+    allocated: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 class Checkpoint(Frozen):
     """What the kubelet checkpoint says of the container: its allocation, or why it is unknown."""
 
-    __slots__ = ("allocation", "error")
     allocation: Allocation | None
-    error: str
-
-    def __init__(self, allocation: Allocation | None, error: str = "") -> None:
-        _init(self, allocation=allocation, error=error)
+    error: str = ""
 
 
 def needs_allocation(request: Request, policy: PolicyConfig) -> bool:

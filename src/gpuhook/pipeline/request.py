@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from gpuhook.config import KUBELET_DIR_DEFAULT
+from gpuhook.config.types import KUBELET_DIR_DEFAULT
 from gpuhook.errors import SpecError
 from gpuhook.model.decision import (
     CHANNEL_CDI,

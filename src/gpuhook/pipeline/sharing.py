@@ -24,18 +24,18 @@ line.
 
 from __future__ import annotations
 
-from gpuhook.config import GIB, MIB, parse_size
+from gpuhook.config.units import GIB, MIB, parse_size
 from gpuhook.errors import ConfigError, RequestError
 from gpuhook.model.decision import KIND_GPU
 from gpuhook.model.edits import Mount
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 from gpuhook.pipeline.identity import ROOT_CLIENT, Client
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import MpsConfig
+    from gpuhook.config.types import MpsConfig
     from gpuhook.model.decision import Decision, Request
     from gpuhook.model.inventory import Gpu, Inventory
 
@@ -76,38 +76,24 @@ def mps_size(n: int) -> str:
 class Share(Frozen):
     """One limit of a group's share: ``value`` (None: not limited) and where it came from."""
 
-    __slots__ = ("source", "value")
     value: int | None
     source: str
 
-    def __init__(self, value: int | None, source: str) -> None:
-        _init(self, value=value, source=source)
-
 
 class GroupGpu(Frozen):
-    __slots__ = ("index", "memory_total", "uuid")
     index: int
     uuid: str
     memory_total: int
-
-    def __init__(self, index: int, uuid: str, memory_total: int) -> None:
-        _init(self, index=index, uuid=uuid, memory_total=memory_total)
 
 
 class Group(Frozen):
     """GPUs served by one MPS control daemon, in the order the daemon (and its clients) see
     them, with the share of one client: a thread percentage and a pinned limit per GPU."""
 
-    __slots__ = ("gpus", "name", "percentage", "pinned")
     name: str
     gpus: tuple[GroupGpu, ...]
     percentage: Share
     pinned: tuple[Share, ...]  # aligned with gpus
-
-    def __init__(
-        self, name: str, gpus: tuple[GroupGpu, ...], percentage: Share, pinned: tuple[Share, ...]
-    ) -> None:
-        _init(self, name=name, gpus=tuple(gpus), percentage=percentage, pinned=tuple(pinned))
 
     def pipe_dir(self, root: str) -> str:
         return f"{root.rstrip('/')}/{self.name}/pipe"
@@ -184,16 +170,10 @@ def _resolve_id(gpu_id: str, inventory: Inventory, source: str, key: str) -> lis
 class _Level(Frozen):
     """The share keys of one config level (``mps.groups.<name>`` or ``mps``)."""
 
-    __slots__ = ("key", "percentage", "pinned", "replicas")
     key: str
     replicas: int | None
     percentage: int | None
     pinned: str | None
-
-    def __init__(
-        self, key: str, replicas: int | None, percentage: int | None, pinned: str | None
-    ) -> None:
-        _init(self, key=key, replicas=replicas, percentage=percentage, pinned=pinned)
 
 
 def _share(gpus: list[Gpu], levels: list[_Level], source: str) -> tuple[Share, tuple[Share, ...]]:
@@ -300,15 +280,6 @@ class MpsDevice(Frozen):
     (``reserved``: the group's share, the daemon's default that a process may raise its own
     limit up to; 0 when the group has no share: nothing is enforced, nothing reserved)."""
 
-    __slots__ = (
-        "container_index",
-        "gpu_index",
-        "memory_total",
-        "pinned",
-        "reserved",
-        "source",
-        "uuid",
-    )
     container_index: int
     gpu_index: int
     uuid: str
@@ -317,42 +288,11 @@ class MpsDevice(Frozen):
     source: str
     reserved: int
 
-    def __init__(
-        self,
-        container_index: int,
-        gpu_index: int,
-        uuid: str,
-        memory_total: int,
-        pinned: int,
-        source: str,
-        reserved: int,
-    ) -> None:
-        _init(
-            self,
-            container_index=container_index,
-            gpu_index=gpu_index,
-            uuid=uuid,
-            memory_total=memory_total,
-            pinned=pinned,
-            source=source,
-            reserved=reserved,
-        )
-
 
 class MpsPlan(Frozen):
     """What an MPS client container gets: the group's pipe directory, and its limits; and who
     its process is (``client``: MPS starts a server per uid)."""
 
-    __slots__ = (
-        "client",
-        "devices",
-        "group",
-        "log_dir",
-        "percentage",
-        "percentage_source",
-        "pipe_dir",
-        "shm",
-    )
     group: str
     pipe_dir: str  # host
     log_dir: str  # host; "" when not exposed
@@ -360,30 +300,7 @@ class MpsPlan(Frozen):
     percentage: int
     percentage_source: str
     devices: tuple[MpsDevice, ...]
-    client: Client
-
-    def __init__(
-        self,
-        group: str,
-        pipe_dir: str,
-        log_dir: str,
-        shm: str,
-        percentage: int,
-        percentage_source: str,
-        devices: tuple[MpsDevice, ...],
-        client: Client = ROOT_CLIENT,
-    ) -> None:
-        _init(
-            self,
-            group=group,
-            pipe_dir=pipe_dir,
-            log_dir=log_dir,
-            shm=shm,
-            percentage=percentage,
-            percentage_source=percentage_source,
-            devices=tuple(devices),
-            client=client,
-        )
+    client: Client = ROOT_CLIENT
 
     @property
     def pinned_value(self) -> str:

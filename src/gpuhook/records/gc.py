@@ -15,7 +15,7 @@ import time
 
 from gpuhook.errors import GpuhookError
 from gpuhook.fsutil import temp_base
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 from gpuhook.records.ids import SUFFIX, link_id
 from gpuhook.records.lookup import (
     DEFAULT_ROOTS,
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
 
     StateProbe = Callable[[str, str, str], tuple[bool | None, str]]
 
@@ -138,17 +138,11 @@ def gc(
 class _Pass(Frozen):
     """The settings of one gc run."""
 
-    __slots__ = ("dry_run", "grace_s", "now", "probe", "runtime")
     runtime: str
     now: float
     grace_s: float
     dry_run: bool
     probe: StateProbe
-
-    def __init__(
-        self, runtime: str, now: float, grace_s: float, dry_run: bool, probe: StateProbe
-    ) -> None:
-        _init(self, runtime=runtime, now=now, grace_s=grace_s, dry_run=dry_run, probe=probe)
 
 
 LIVE_ITEM = GcItem("", "", False, "alive")  # what _judge returns for a live container
@@ -176,9 +170,7 @@ def _judge(folder: str, name: str, run: _Pass) -> GcItem | None:
         return GcItem(entry.container_id, link, False, why)
     # The configured runtime, never a path read from a file inside the bundle; the record only
     # says which of its state folders (--root) the container was created in.
-    recorded = entry.record.get("runtime")
-    root = recorded.get("root", "") if isinstance(recorded, dict) else ""
-    alive, detail = run.probe(run.runtime, str(root or ""), entry.container_id)
+    alive, detail = run.probe(run.runtime, entry.record.runtime.root, entry.container_id)
     if alive:
         return LIVE_ITEM
     if alive is None:

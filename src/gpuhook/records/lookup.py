@@ -16,13 +16,15 @@ import os
 
 from gpuhook import _fastjson
 from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
+from gpuhook.model.record import Record
 from gpuhook.records.ids import SUFFIX, link_id, link_path, valid_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
+    from gpuhook.model.decision import KubeIdentity
 
 LIVE = "live"
 DELETED = "deleted"
@@ -38,7 +40,7 @@ MAX_RECORD_BYTES = 16 * 1024 * 1024
 
 
 class Entry:
-    """One link in the records folder and what it leads to."""
+    """One link in the records folder and what it leads to: the record when it is live."""
 
     def __init__(
         self,
@@ -46,7 +48,7 @@ class Entry:
         link: str,
         target: str,
         state: str,
-        record: dict[str, Any] | None,
+        record: Record | None,
         problem: str = "",
     ) -> None:
         self.container_id = container_id
@@ -68,16 +70,20 @@ def schema() -> dict[str, Any]:
     return loaded
 
 
-def read_record(path: str) -> dict[str, Any]:
-    """A record file as a dict. OSError when it cannot be read, ValueError when it is not one."""
+def read_record(path: str) -> Record:
+    """A record file, read and checked once. OSError when it cannot be read, ValueError (one
+    line) when it is not a record of this version."""
     with open(path, "rb") as fh:
         raw = fh.read(MAX_RECORD_BYTES + 1)
     if len(raw) > MAX_RECORD_BYTES:
         raise ValueError("larger than 16 MiB")
-    record = _fastjson.loads(raw)
-    if not isinstance(record, dict) or not isinstance(record.get("decision"), dict):
+    data = _fastjson.loads(raw)
+    if not isinstance(data, dict) or not isinstance(data.get("decision"), dict):
         raise ValueError("not a gpuhook decision record")
-    return record
+    try:
+        return Record.from_dict(data)
+    except ValueError as exc:
+        raise ValueError(f"not a gpuhook decision record: {exc}") from None
 
 
 def entry_of(folder: str, name: str) -> Entry:
@@ -110,8 +116,8 @@ def scan(folder: str) -> list[Entry]:
 
 def created_at(entry: Entry) -> float:
     """When the record was written: its timestamp, else the link's mtime."""
-    if entry.record is not None and isinstance(entry.record.get("timestamp"), (int, float)):
-        return float(entry.record["timestamp"])
+    if entry.record is not None:
+        return entry.record.timestamp
     try:
         return os.lstat(entry.link).st_mtime
     except OSError:
@@ -272,7 +278,7 @@ def _check_usable(entry: Entry) -> None:
 # --- pods -------------------------------------------------------------------------------------
 
 
-def find_pod(config: Config, wanted: str) -> list[dict[str, Any]]:
+def find_pod(config: Config, wanted: str) -> list[Record]:
     """The live records of one pod's containers, oldest first. ``wanted`` is NAMESPACE/NAME or
     a pod UID. RecordNotFoundError with one line when there is none."""
     namespace, slash, name = wanted.partition("/")
@@ -281,7 +287,7 @@ def find_pod(config: Config, wanted: str) -> list[dict[str, Any]]:
     found = [
         e.record
         for e in scan(config.records_dir)
-        if e.record is not None and _of_pod(e.record.get("kubernetes"), namespace, slash, name)
+        if e.record is not None and _of_pod(e.record.kubernetes, namespace, slash, name)
     ]
     if not found:
         raise RecordNotFoundError(
@@ -292,9 +298,9 @@ def find_pod(config: Config, wanted: str) -> list[dict[str, Any]]:
     return found
 
 
-def _of_pod(kube: Any, namespace: str, slash: str, name: str) -> bool:
-    if not isinstance(kube, dict):
+def _of_pod(kube: KubeIdentity | None, namespace: str, slash: str, name: str) -> bool:
+    if kube is None:
         return False
     if slash:
-        return bool(kube.get("namespace") == namespace and kube.get("pod_name") == name)
-    return bool(kube.get("pod_uid") == namespace)
+        return kube.namespace == namespace and kube.pod_name == name
+    return kube.pod_uid == namespace

@@ -16,18 +16,18 @@ import time
 
 from gpuhook import __version__, _fastjson
 from gpuhook.fsutil import atomic_write, remove_stale_temps, temp_name
+from gpuhook.model.record import RECORD_VERSION
 from gpuhook.records.ids import link_path, valid_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.decision import Request
     from gpuhook.pipeline.flow import Outcome
 
 RECORD_NAME = "gpuhook-decision.json"
-RECORD_VERSION = 1
 
 
 def build(
@@ -40,7 +40,8 @@ def build(
     config: str = "",
     creator: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The record (its JSON Schema: ``schemas/record.schema.json``).
+    """The record (its JSON Schema: ``schemas/record.schema.json``; as its readers see it:
+    :class:`gpuhook.model.record.Record`).
 
     ``decided``: the outcome of a decided create, or the parsed request of a spec that carries
     a GPU marker but no GPU request (nothing was decided). ``runtime`` and ``root`` are the

@@ -14,7 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.decision import Request
     from gpuhook.model.inventory import Inventory
     from gpuhook.pipeline.compat import CompatLibrary

@@ -6,11 +6,13 @@ A build step (``make build``, the Debian package's ``debian/rules``)::
 
 Each ``@NAME@`` of a template is replaced by text made from the one table that owns the rule:
 the runc argv grammar (:mod:`gpuhook.runtime.runc_argv`), the GPU markers
-(:mod:`gpuhook.markers`), the cache trust rule and the pointer's place (:mod:`gpuhook.config`),
-the exec-env markers' folder, the runtime service's wire constants
-(:mod:`gpuhook.runtime.service`), exit codes (:mod:`gpuhook.errors`) and the ``hook
-update-ldcache`` steps and bounds (:mod:`gpuhook.runtime.hooks`, :mod:`gpuhook.runtime.ldmerge`,
-:mod:`gpuhook.inventory.ldcache`). A template naming anything else fails the build.
+(:mod:`gpuhook.markers`), the cache trust rule and the pointer's place
+(:mod:`gpuhook.config.cache`), the config's file and variables (:mod:`gpuhook.config.types`), the
+entry scripts and the relocation mark (:mod:`gpuhook.runtime.locate`), the exec-env markers'
+folder, the runtime service's wire constants (:mod:`gpuhook.runtime.wire`), exit codes
+(:mod:`gpuhook.errors`) and the ``hook update-ldcache`` steps and bounds
+(:mod:`gpuhook.runtime.hooks`, :mod:`gpuhook.runtime.ldmerge`, :mod:`gpuhook.inventory.ldcache`).
+A template naming anything else fails the build.
 
 ``gpuhook.in`` (the CLI dispatcher) is POSIX sh; the interpreter and package folder are written
 into it. ``gpuhook-runtime.c.in`` is C, with ``gpuhook-ldcache.c.in`` (the ldcache hook the
@@ -25,15 +27,17 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuhook import config, errors, markers
+from gpuhook import errors, markers
+from gpuhook.config import cache as config_cache
+from gpuhook.config.types import DEFAULT_PATH, ENV_CACHE_DIR, ENV_CONFIG, ENV_DEBUG
 from gpuhook.fsutil import atomic_write
 from gpuhook.inventory import ldcache
 from gpuhook.pipeline import inject
 from gpuhook.records import execenv, ids
-from gpuhook.runtime import hooks, ldmerge, ocispec, runc_argv, service
+from gpuhook.runtime import hooks, ldmerge, locate, ocispec, runc_argv, wire
 
 # The size of the compiled dispatcher's region that holds the interpreter command after
-# config.DISPATCHER_MARK (see relocate).
+# locate.DISPATCHER_MARK (see relocate).
 RELOCATION_SIZE = 4096
 # The ldcache hook's C, rendered into gpuhook-runtime.c.in where @LDCACHE_HOOK@ stands (the
 # source tree's packaging folder: the dispatcher is compiled at build time only).
@@ -79,7 +83,7 @@ def substitutions(python: str, pkgdir: str) -> dict[str, str]:
     return {
         "PYTHON": python,
         "PKGDIR": pkgdir,
-        "CLI_ENTRY": config.CLI_ENTRY,
+        "CLI_ENTRY": locate.CLI_ENTRY,
     }
 
 
@@ -107,31 +111,32 @@ def c_substitutions() -> dict[str, str]:
         "MARKERS": ", ".join(
             _c_string(m) for m in (*markers.PRECHECK_MARKERS, markers.UNICODE_ESCAPE)
         ),
-        "DEFAULT_CONFIG": _c_string(config.DEFAULT_PATH),
-        "CACHE_ROOT": _c_string(config.CACHE_ROOT),
-        "POINTER_NAME": _c_string(config.POINTER_NAME),
-        "UNTRUSTED_MODE": f"0{config.UNTRUSTED_MODE:o}",
+        "DEFAULT_CONFIG": _c_string(DEFAULT_PATH),
+        "CACHE_ROOT": _c_string(config_cache.CACHE_ROOT),
+        "POINTER_NAME": _c_string(config_cache.POINTER_NAME),
+        "UNTRUSTED_MODE": f"0{config_cache.UNTRUSTED_MODE:o}",
         "EXEC_ENV_DIR": _c_string(execenv.DIR),
         "LOG_FLAG": _c_string(f"g:{runc_argv.LOG_FLAG}"),
         "LOG_FORMAT_FLAG": _c_string(f"g:{runc_argv.LOG_FORMAT_FLAG}"),
-        "PROTOCOL": _c_string(service.PROTOCOL),
-        "ENV_CONFIG": _c_string(config.ENV_CONFIG),
-        "ENV_DEBUG": _c_string(config.ENV_DEBUG),
-        "ENV_SELF": _c_string(config.ENV_SELF),
+        "PROTOCOL": _c_string(wire.PROTOCOL),
+        "ENV_CONFIG": _c_string(ENV_CONFIG),
+        "ENV_CACHE_DIR": _c_string(ENV_CACHE_DIR),
+        "ENV_DEBUG": _c_string(ENV_DEBUG),
+        "ENV_SELF": _c_string(locate.ENV_SELF),
         "SPEC_NAME": _c_string(ocispec.CONFIG_NAME),
         "CMD_EXEC": _c_string(runc_argv.EXEC),
         "CMD_DELETE": _c_string(runc_argv.DELETE),
         "LOG_FORMAT_JSON": _c_string(runc_argv.LOG_FORMAT_JSON),
         "ID_CHARS": _c_string("".join(sorted(ids.ID_CHARS))),
         "MAX_ID": str(ids.MAX_LEN),
-        "REPLY_EXEC": _c_char(service.EXEC),
-        "REPLY_EXIT": _c_char(service.EXIT),
-        "REPLY_DECLINE": _c_char(service.DECLINE),
-        "MAX_REQUEST": str(service.MAX_REQUEST),
+        "REPLY_EXEC": _c_char(wire.EXEC),
+        "REPLY_EXIT": _c_char(wire.EXIT),
+        "REPLY_DECLINE": _c_char(wire.DECLINE),
+        "MAX_REQUEST": str(wire.MAX_REQUEST),
         "EXIT_FAILURE": str(errors.GpuhookError.exit_code),
         "EXIT_NO_RUNTIME": str(errors.RuntimeNotFoundError.exit_code),
         "RELOCATION_SIZE": str(RELOCATION_SIZE),
-        "RELOCATION_MARK": _c_string(config.DISPATCHER_MARK),
+        "RELOCATION_MARK": _c_string(locate.DISPATCHER_MARK),
         "CMD_HOOK": _c_string(runc_argv.HOOK),
     }
 
@@ -186,13 +191,13 @@ def render_c(template: str, hook_template: str | None = None) -> str:
 
 def python_command(python: str, pkgdir: str) -> list[str]:
     """The command the dispatcher starts the shim with (argv[1:] follow)."""
-    return [*python.split(" "), "-I", "-S", f"{pkgdir}/gpuhook/{config.SHIM_ENTRY}"]
+    return [*python.split(" "), "-I", "-S", f"{pkgdir}/gpuhook/{locate.SHIM_ENTRY}"]
 
 
 def relocate(binary: bytes, command: list[str]) -> bytes:
     """The compiled dispatcher with ``command`` as its interpreter command (NUL-terminated words
     and an empty word after the mark, the rest of the region zero)."""
-    head = config.DISPATCHER_MARK + b"\0"
+    head = locate.DISPATCHER_MARK + b"\0"
     at = binary.find(head)
     if at < 0 or binary.find(head, at + 1) >= 0:
         raise ValueError("not a gpuhook-runtime dispatcher (its interpreter region is not there)")
@@ -208,7 +213,7 @@ def relocate(binary: bytes, command: list[str]) -> bytes:
 
 def command_of(binary: bytes) -> list[str]:
     """The interpreter command written into a compiled dispatcher ([] when none)."""
-    head = config.DISPATCHER_MARK + b"\0"
+    head = locate.DISPATCHER_MARK + b"\0"
     at = binary.find(head)
     if at < 0:
         raise ValueError("not a gpuhook-runtime dispatcher (its interpreter region is not there)")

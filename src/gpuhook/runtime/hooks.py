@@ -404,11 +404,11 @@ def _logger(verb: str, stdin: bytes) -> Logger | None:
     """The hook's logger, configured from gpuhook's config (GPUHOOK_CONFIG and GPUHOOK_DEBUG
     reach the hook through the env gpuhook-runtime gave it); None when there is no usable
     config. Bound to the container id of the OCI state."""
-    from gpuhook import config as config_mod
     from gpuhook import log
+    from gpuhook.config import loading as config_loading
 
     try:
-        config = config_mod.load()
+        config = config_loading.load()
     except Exception:
         return None
     log.configure(config.log_level, config.log_file)

@@ -14,7 +14,7 @@ such a create through (:func:`route`). The parser never changes the argv: the sh
 real runtime with it unchanged.
 """
 
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
 # flag name (without dashes) -> whether it takes a value. runc 1.1/1.2 and crun 1.x.
 GLOBAL_FLAGS = {
@@ -102,51 +102,15 @@ class RuntimeArgs(Frozen):
     first argument the grammar cannot place ("" when every argument was placed).
     """
 
-    __slots__ = (
-        "bundle",
-        "command",
-        "container_id",
-        "log_format",
-        "log_path",
-        "process",
-        "root",
-        "unknown",
-        "version",
-    )
-    command: str
-    bundle: str
-    container_id: str
-    log_path: str
-    log_format: str
-    root: str
-    version: bool
-    process: str
-    unknown: str
-
-    def __init__(
-        self,
-        command: str = "",
-        bundle: str = "",
-        container_id: str = "",
-        log_path: str = "",
-        log_format: str = "text",
-        root: str = "",
-        version: bool = False,
-        process: str = "",
-        unknown: str = "",
-    ) -> None:
-        _init(
-            self,
-            command=command,
-            bundle=bundle,
-            container_id=container_id,
-            log_path=log_path,
-            log_format=log_format,
-            root=root,
-            version=version,
-            process=process,
-            unknown=unknown,
-        )
+    command: str = ""
+    bundle: str = ""
+    container_id: str = ""
+    log_path: str = ""
+    log_format: str = "text"
+    root: str = ""
+    version: bool = False
+    process: str = ""
+    unknown: str = ""
 
     @property
     def is_create(self) -> bool:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, NoReturn
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.decision import Request
     from gpuhook.pipeline.flow import Outcome
     from gpuhook.runtime.runc_argv import RuntimeArgs
@@ -123,25 +123,25 @@ def _delete(
 
 
 def _config_or_none() -> Config | None:
-    from gpuhook import config as config_mod
+    from gpuhook.config import loading as config_loading
     from gpuhook.errors import ConfigError
 
     try:
-        return config_mod.load()
+        return config_loading.load()
     except ConfigError:
         return None
 
 
 def _runtime(config: Config | None) -> tuple[str, GpuhookError | None]:
     """The low-level runtime to exec, or why there is none."""
+    from gpuhook.runtime import locate
+
     if config is not None:
         try:
-            return config.require_runtime(), None
+            return locate.require_runtime(config), None
         except GpuhookError as exc:
             return "", exc
-    from gpuhook.config import resolve_runtime
-
-    runtime = resolve_runtime("")
+    runtime = locate.resolve_runtime("")
     if not runtime:
         return "", RuntimeNotFoundError("no low-level OCI runtime (runc or crun) found")
     return runtime, None
@@ -202,17 +202,18 @@ def _create_full(
     execute: Execute | None,
     caller: int,
 ) -> int:
-    from gpuhook import config as config_mod
+    from gpuhook.config import loading as config_loading
+    from gpuhook.config.types import KUBELET_DIR_DEFAULT
     from gpuhook.pipeline import request
     from gpuhook.runtime import ocispec
 
     config: Config | None = None
     failure: GpuhookError | None = None  # gpuhook's own fault: fatal for a GPU request only
     try:
-        config = config_mod.load()
+        config = config_loading.load()
     except GpuhookError as exc:
         failure = exc
-    kubelet_dir = config.policy.kubelet_dir if config else config_mod.KUBELET_DIR_DEFAULT
+    kubelet_dir = config.policy.kubelet_dir if config else KUBELET_DIR_DEFAULT
     try:
         spec = ocispec.parse(raw, bundle)
         req = request.parse(spec, kubelet_dir)

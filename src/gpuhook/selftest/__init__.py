@@ -10,5 +10,5 @@ the result lines and renders them.
 Owns: the self test and its report. Cold CLI code: never imported on the container-create path.
 
 May import: gpuhook.cli.render, gpuhook.records, gpuhook.runtime, gpuhook.inventory, gpuhook.node,
-gpuhook.pipeline, gpuhook.model, the top-level modules.
+gpuhook.pipeline, gpuhook.config, gpuhook.model, the top-level modules.
 """

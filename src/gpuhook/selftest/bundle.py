@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 from gpuhook.model.frozen import Frozen, _init
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
@@ -139,12 +139,8 @@ def _section(name: str, command: str, program: str) -> str:
 class Section(Frozen):
     """What one program printed in the container, and its exit code (None: it did not end)."""
 
-    __slots__ = ("code", "lines")
     lines: tuple[str, ...]
     code: int | None
-
-    def __init__(self, lines: tuple[str, ...], code: int | None) -> None:
-        _init(self, lines=tuple(lines), code=code)
 
     def last(self) -> str:
         return next((line.strip() for line in reversed(self.lines) if line.strip()), "")
@@ -154,7 +150,6 @@ class Seen(Frozen):
     """What a probe saw: device nodes, gpuhook's variables, the programs' sections; ``done``
     when the script ran to its end."""
 
-    __slots__ = ("dev", "done", "env", "sections")
     dev: tuple[str, ...]
     env: dict[str, str]
     sections: dict[str, Section]

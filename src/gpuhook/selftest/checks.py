@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import TYPE_CHECKING
 
 from gpuhook.errors import UsageError
+from gpuhook.inventory import driverroot
+from gpuhook.model.decision import VERDICT_SUPERSEDED
 from gpuhook.model.frozen import Frozen, _init
 from gpuhook.selftest import bundle, cuda
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuhook.model.inventory import Gpu, Inventory, MigDevice
     from gpuhook.selftest.session import Container, Session
@@ -44,7 +46,6 @@ UUID_RE = re.compile(r"\(UUID: ((?:GPU|MIG)-[^)\s]+)\)")
 class Target(Frozen):
     """A device the self test grants a container: a whole GPU, or one MIG device."""
 
-    __slots__ = ("gpu", "label", "mig", "uuid")
     label: str
     uuid: str
     gpu: Gpu
@@ -115,7 +116,6 @@ def check_plain(session: Session) -> Result:
 
 def host_nodes_problem(session: Session, target: Target) -> str:
     """Why the target's device nodes are not on the host as the inventory lists them."""
-    from gpuhook.inventory import driverroot
 
     dev_root = session.config.dev_root
     gpu = target.gpu
@@ -188,7 +188,7 @@ def judge_device(session: Session, target: Target, c: Container) -> Result:
     record = record_problem(c, [target.uuid])
     if record:
         return Result(label, FAIL, record, "gpuhook doctor (state dir)")
-    channel = c.record["decision"]["channel"] if c.record is not None else ""
+    channel = (c.record.decision.channel or "") if c.record is not None else ""
     return Result(
         label,
         PASS,
@@ -203,10 +203,10 @@ def record_problem(c: Container, granted: list[str]) -> str:
         return (
             f"gpuhook inspect container {c.container_id} finds no record: {c.record_problem}"
         )
-    got = [d.get("uuid") for d in c.record["decision"]["devices"]]
-    if sorted(str(g) for g in got) != sorted(granted):
+    got = [d.uuid for d in c.record.decision.devices]
+    if sorted(got) != sorted(granted):
         return (
-            f"the record of {c.container_id} grants {', '.join(map(str, got)) or 'nothing'}; "
+            f"the record of {c.container_id} grants {', '.join(got) or 'nothing'}; "
             f"the container was given {', '.join(granted) or 'nothing'}"
         )
     return ""
@@ -259,8 +259,8 @@ def check_kubernetes(session: Session) -> Result:
     problem = record_problem(c, [])
     if problem:
         return Result(name, FAIL, problem, "gpuhook doctor (state dir)")
-    reasons = c.record["decision"]["reasons"] if c.record else []
-    why = next((r["why"] for r in reasons if r.get("verdict") != "superseded"), "no reason given")
+    reasons = c.record.decision.reasons if c.record is not None else ()
+    why = next((r.why for r in reasons if r.verdict != VERDICT_SUPERSEDED), "no reason given")
     return Result(
         name,
         PASS,

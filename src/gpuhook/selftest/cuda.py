@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import TYPE_CHECKING
 
-from gpuhook import config as config_mod
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
+from gpuhook.runtime import locate
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -30,23 +30,19 @@ class Program(Frozen):
     """The CUDA program: its host path ("" when there is none) and where it came from, or why
     there is none (``problem``: a failed build)."""
 
-    __slots__ = ("origin", "path", "problem")
     path: str
     origin: str
-    problem: str
-
-    def __init__(self, path: str, origin: str, problem: str = "") -> None:
-        _init(self, path=path, origin=origin, problem=problem)
+    problem: str = ""
 
 
 def find_nvcc() -> str:
     """nvcc on PATH (and the system folders), in $CUDA_HOME/bin, else in /usr/local/cuda/bin."""
-    found = config_mod.which("nvcc")
+    found = locate.which("nvcc")
     if found:
         return found
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or ""
     for candidate in ((os.path.join(home, "bin", "nvcc"),) if home else ()) + NVCC_FALLBACKS:
-        if config_mod.which(candidate):
+        if locate.which(candidate):
             return candidate
     return ""
 

@@ -10,15 +10,16 @@ bundle.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
 import subprocess
 import time
+from typing import TYPE_CHECKING
 
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -32,37 +33,16 @@ class Ran(Frozen):
     ``created``: whether the runtime holds a container to delete; ``elapsed_s``: create to
     exit; ``code``: the init's exit code (None when unknown)."""
 
-    __slots__ = ("code", "created", "elapsed_s", "error", "stderr", "stdout")
     error: str
     created: bool
-    elapsed_s: float | None
-    code: int | None
-    stdout: str
-    stderr: str
-
-    def __init__(
-        self,
-        error: str,
-        created: bool,
-        elapsed_s: float | None = None,
-        code: int | None = None,
-        stdout: str = "",
-        stderr: str = "",
-    ) -> None:
-        _init(
-            self,
-            error=error,
-            created=created,
-            elapsed_s=elapsed_s,
-            code=code,
-            stdout=stdout,
-            stderr=stderr,
-        )
+    elapsed_s: float | None = None
+    code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
 
 
 def become_subreaper(on: bool = True) -> bool:
     """Make this process the child subreaper of its descendants (or stop being one)."""
-    import ctypes
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)

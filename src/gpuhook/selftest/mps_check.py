@@ -5,12 +5,14 @@ as an MPS client there (its SM count shows the thread limit)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpuhook.errors import GpuhookError
+from gpuhook.pipeline import sharing
 from gpuhook.selftest import bundle
 from gpuhook.selftest.checks import CAPABILITIES, CDI_KEY, cuda_result, record_problem
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuhook.pipeline.sharing import Group
     from gpuhook.selftest.session import Container, Session
@@ -20,7 +22,6 @@ LIMITS = ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
 
 def check_mps(session: Session, gpus: set[int]) -> list[Result]:
     """One line per share group that has a GPU among ``gpus`` (the devices under test)."""
-    from gpuhook.pipeline import sharing
 
     config = session.config
     if not config.mps.enabled:
@@ -60,8 +61,8 @@ def judge_group(group: Group, c: Container) -> Result:
     problem = record_problem(c, [g.uuid for g in group.gpus])
     if problem:
         return Result(label, FAIL, problem, "gpuhook doctor (state dir)")
-    plan = c.record.get("mps") if c.record is not None else None
-    if not isinstance(plan, dict):
+    plan = c.record.view.mps if c.record is not None else None
+    if plan is None:
         return Result(
             label,
             FAIL,
@@ -69,7 +70,7 @@ def judge_group(group: Group, c: Container) -> Result:
             "client of the group's daemon",
             "gpuhook doctor (mps)",
         )
-    wanted = dict(str(e).split("=", 1) for e in plan.get("env", []) if "=" in str(e))
+    wanted = dict(e.split("=", 1) for e in plan.env if "=" in e)
     for key in bundle.ENV_NAMES:
         if key in wanted and c.seen.env.get(key) != wanted[key]:
             return Result(

@@ -3,9 +3,12 @@ ran, and their table (the JSON and YAML forms are the view itself)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from gpuhook.cli.render import paint
+from gpuhook.cli.render import table as columns
 from gpuhook.model.frozen import Frozen, _init
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -18,7 +21,6 @@ STATUSES = (PASS, FAIL, SKIP)
 class Result(Frozen):
     """One line: the check, PASS/FAIL/SKIP, what was seen, and for a failure the fix."""
 
-    __slots__ = ("check", "fix", "message", "status")
     check: str
     status: str
     message: str
@@ -48,16 +50,10 @@ class Timing(Frozen):
     """One container's create-to-exit time through gpuhook-runtime, and plain runc's on the
     same bundle (None where that did not run to its exit)."""
 
-    __slots__ = ("check", "container_id", "gpuhook_s", "runc_s")
     check: str
     container_id: str
     gpuhook_s: float | None
     runc_s: float | None
-
-    def __init__(
-        self, check: str, container_id: str, gpuhook_s: float | None, runc_s: float | None
-    ) -> None:
-        _init(self, check=check, container_id=container_id, gpuhook_s=gpuhook_s, runc_s=runc_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,8 +84,6 @@ def view(
 
 def table(data: dict[str, Any], color: bool = False) -> str:
     """The check lines (a failure with its fix), the timings, then the summary."""
-    from gpuhook.cli.render import paint
-    from gpuhook.cli.render import table as columns
 
     checks = data["checks"]
     width = max((len(c["check"]) for c in checks), default=5)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from typing import TYPE_CHECKING
 
 from gpuhook.errors import NodeInstallError
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model.frozen import Frozen
+from gpuhook.node import bundle
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
@@ -39,13 +40,9 @@ class Rootfs(Frozen):
     """A built template: its folder, what its shell is, and the libraries copied into it
     (container paths), for the report."""
 
-    __slots__ = ("libraries", "path", "shell")
     path: str
     shell: str
     libraries: tuple[str, ...]
-
-    def __init__(self, path: str, shell: str, libraries: tuple[str, ...]) -> None:
-        _init(self, path=path, shell=shell, libraries=tuple(libraries))
 
     def describe(self) -> str:
         libs = len(self.libraries)
@@ -100,7 +97,6 @@ def build(
 
 def _interpreter(path: str) -> str:
     """The program's dynamic loader; "" for a static program (or a script)."""
-    from gpuhook.node import bundle
 
     if not bundle.is_elf(path):
         return ""

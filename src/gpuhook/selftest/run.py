@@ -5,10 +5,13 @@ then the cleanup, which runs whatever happened before it."""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from gpuhook import config as config_mod
 from gpuhook.errors import GpuhookError
-from gpuhook.selftest import checks, lifecycle, report, rootfs
+from gpuhook.inventory import store
+from gpuhook.runtime import locate, service
+from gpuhook.selftest import checks, cuda, lifecycle, report, rootfs
+from gpuhook.selftest.mps_check import check_mps
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result
 from gpuhook.selftest.session import (
     Interrupted,
@@ -18,11 +21,10 @@ from gpuhook.selftest.session import (
     restore_signals,
 )
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.inventory import Inventory
     from gpuhook.selftest.session import Options
 
@@ -74,7 +76,6 @@ def finish(session: Session, previous: dict[int, Any]) -> Result:
 
 def load_inventory(config: Config) -> tuple[Inventory | None, Result]:
     """The inventory (refreshed first when it is missing or stale, as a create would)."""
-    from gpuhook.inventory import store
 
     fix = "gpuhook inventory refresh"
     try:
@@ -100,7 +101,6 @@ def load_inventory(config: Config) -> tuple[Inventory | None, Result]:
 
 def runtime_line(session: Session) -> Result:
     """gpuhook-runtime, what it wraps, and whether the runtime service takes its creates."""
-    from gpuhook.runtime import service
 
     path, config = session.gpuhook.path, session.config
     if os.geteuid() != 0:
@@ -131,8 +131,6 @@ def runtime_line(session: Session) -> Result:
 
 
 def cuda_line(session: Session) -> Result:
-    from gpuhook.selftest import cuda
-
     folder = os.path.join(session.work_dir, "cuda")
     os.makedirs(folder, exist_ok=True)
     gpus = session.inventory.gpus if session.inventory is not None else ()
@@ -165,7 +163,7 @@ def bundle_line(session: Session) -> Result:
         programs.append(session.cuda.path)
         files[rootfs.CUDA_PROGRAM] = session.cuda.path
     dest = os.path.join(session.work_dir, "rootfs")
-    busybox = config_mod.which("busybox")
+    busybox = locate.which("busybox")
     if inventory is None:
         raise RuntimeError("bundle_line needs the inventory")
     try:
@@ -186,8 +184,6 @@ def bundle_line(session: Session) -> Result:
 
 
 def containers(session: Session, chosen: list[checks.Target]) -> list[Result]:
-    from gpuhook.selftest.mps_check import check_mps
-
     plain = checks.check_plain(session)
     if plain.status != PASS:
         return [

@@ -17,21 +17,24 @@ import shutil
 import signal
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
-from gpuhook import config as config_mod
+from gpuhook.config.types import ENV_CONFIG
 from gpuhook.errors import GpuhookError
 from gpuhook.model.frozen import Frozen, _init
-from gpuhook.records import execenv
+from gpuhook.records import execenv, lookup
+from gpuhook.records.ids import link_path
+from gpuhook.runtime import locate
 from gpuhook.selftest import bundle, lifecycle, rootfs
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result, Timing
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from gpuhook.config import Config
+    from gpuhook.config.types import Config
     from gpuhook.model.inventory import Inventory
+    from gpuhook.model.record import Record
     from gpuhook.selftest.bundle import Seen
     from gpuhook.selftest.cuda import Program
 
@@ -45,20 +48,10 @@ class Options(Frozen):
     device), ``cuda`` and ``cuda_program``, ``runtime`` (the gpuhook-runtime to test; "" for
     the one installed beside this gpuhook)."""
 
-    __slots__ = ("cuda", "cuda_program", "gpus", "runtime")
-    gpus: tuple[str, ...]
-    cuda: bool
-    cuda_program: str
-    runtime: str
-
-    def __init__(
-        self,
-        gpus: tuple[str, ...] = (),
-        cuda: bool = False,
-        cuda_program: str = "",
-        runtime: str = "",
-    ) -> None:
-        _init(self, gpus=tuple(gpus), cuda=cuda, cuda_program=cuda_program, runtime=runtime)
+    gpus: tuple[str, ...] = ()
+    cuda: bool = False
+    cuda_program: str = ""
+    runtime: str = ""
 
 
 class Container(Frozen):
@@ -66,12 +59,11 @@ class Container(Frozen):
     saw, and its decision record as ``gpuhook inspect container`` finds it (None, with
     ``record_problem``, when it is not found)."""
 
-    __slots__ = ("bundle", "container_id", "ran", "record", "record_problem", "seen")
     container_id: str
     bundle: str
     ran: lifecycle.Ran
     seen: Seen
-    record: dict[str, Any] | None
+    record: Record | None
     record_problem: str
 
     def __init__(
@@ -80,7 +72,7 @@ class Container(Frozen):
         bundle_dir: str,
         ran: lifecycle.Ran,
         seen: Seen,
-        record: dict[str, Any] | None,
+        record: Record | None,
         record_problem: str,
     ) -> None:
         _init(
@@ -99,10 +91,10 @@ def gpuhook_runtime(given: str) -> str:
     same installation: /usr/bin, /opt/gpuhook/bin, a virtualenv), else the one on PATH."""
     if given:
         return os.path.abspath(given)
-    program = config_mod.running_program()
+    program = locate.running_program()
     if program:
         return os.path.join(os.path.dirname(program), "gpuhook-runtime")
-    return config_mod.which("gpuhook-runtime") or "/usr/bin/gpuhook-runtime"
+    return locate.which("gpuhook-runtime") or "/usr/bin/gpuhook-runtime"
 
 
 def work_parent(config: Config) -> str | None:
@@ -121,9 +113,9 @@ class Session:
         self.options = options
         self.work_dir = tempfile.mkdtemp(prefix=f"{ID_PREFIX}-", dir=work_parent(config))
         self.root = os.path.join(self.work_dir, "root")
-        env = {k: v for k, v in os.environ.items() if k != config_mod.ENV_SELF}
+        env = {k: v for k, v in os.environ.items() if k != locate.ENV_SELF}
         if config.source.startswith("/"):
-            env[config_mod.ENV_CONFIG] = config.source
+            env[ENV_CONFIG] = config.source
         self.env = env
         self.gpuhook = lifecycle.Runtime(gpuhook_runtime(options.runtime), self.root, env)
         self.runc = lifecycle.Runtime(config.runtime, self.root, env) if config.runtime else None
@@ -206,9 +198,8 @@ class Session:
             self.live.remove((runtime, cid))
         return problem
 
-    def _record(self, cid: str) -> tuple[dict[str, Any] | None, str]:
+    def _record(self, cid: str) -> tuple[Record | None, str]:
         """The container's record as ``gpuhook inspect container`` finds it."""
-        from gpuhook.records import lookup
 
         try:
             entry = lookup.find(self.config, cid)
@@ -220,7 +211,6 @@ class Session:
         """Remove the container's record link and exec-env marker (gpuhook-runtime's delete
         removes the marker; an interrupted run may leave it). Only links into this run's temp
         folder are touched. Returns what could not be removed ("" when nothing is left)."""
-        from gpuhook.records.ids import link_path
 
         link = link_path(self.config.records_dir, cid)
         if _points_into(link, self.work_dir):

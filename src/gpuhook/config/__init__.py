@@ -1,0 +1,18 @@
+"""gpuhook's own configuration, one module per concept (docs/architecture.md, "Where each rule
+lives"):
+
+- :mod:`.types`: the frozen :class:`~gpuhook.config.types.Config` and its parts, and the names of
+  the file and of gpuhook's environment variables;
+- :mod:`.units`: sizes (``512M``, ``20G``) as the config and MPS write them;
+- :mod:`.loading`: the file, read as YAML, checked against ``schemas/config.schema.json`` and by
+  the rules a schema cannot state, with the defaults filled in;
+- :mod:`.cache`: the validated JSON copy under ``/run/gpuhook/config`` that the create path
+  reads, and the dispatcher's pointer file beside it, with the one rule both trust a file by.
+
+Where the low-level runtime and gpuhook's own programs are found is
+:mod:`gpuhook.runtime.locate`'s. The pure core (:mod:`gpuhook.pipeline`) imports :mod:`.types`
+and :mod:`.units` only.
+
+May import: gpuhook.model, gpuhook.runtime.locate, the top-level modules. This ``__init__`` stays
+empty of imports.
+"""

@@ -1,0 +1,113 @@
+"""The runtime service's worker pool: :data:`POOL` forked workers wait in ``accept``, so that a
+call finds its process already forked; each serves one connection in its own process and exits,
+and the parent forks the next as soon as one is taken (:func:`run`).
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
+    from collections.abc import Callable
+    from typing import NoReturn
+
+    # serves one accepted connection in its worker: (connection, CLOCK_BOOTTIME of the accept)
+    Handler = Callable[[socket.socket, float], None]
+
+POOL = 4  # forked workers waiting for a call (each serves one; the parent forks the next)
+
+
+def run(listener: socket.socket, handle: Handler) -> NoReturn:
+    """Keep :data:`POOL` forked workers waiting in ``accept``, so that a call finds its process
+    already forked. Each worker serves one connection and exits; as soon as it has one it writes
+    its pid to a pipe, and the parent forks the next. Workers that died idle are replaced."""
+    import select
+    import struct
+
+    ready_fd, told_fd = os.pipe()
+    idle: set[int] = set()
+    while True:
+        while len(idle) < POOL:
+            pid = _spawn(listener, ready_fd, told_fd, handle)
+            if not pid:
+                break
+            idle.add(pid)
+        if select.select([ready_fd], [], [], 5.0)[0]:
+            data = os.read(ready_fd, 4096)  # whole 4-byte records: each write is atomic
+            idle.difference_update(pid for (pid,) in struct.iter_unpack("i", data))
+        else:
+            idle = {pid for pid in idle if _alive(pid)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def _spawn(listener: socket.socket, ready_fd: int, told_fd: int, handle: Handler) -> int:
+    """Fork one worker; its pid (0 when the fork failed: logged, retried a little later).
+    SIGTERM and SIGINT wait until the worker has its own handlers."""
+    import signal
+    import time
+
+    from gpuhook import log
+
+    held = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+        log.get_logger().warning("runtime service cannot fork", error=str(exc))
+        time.sleep(0.1)
+        return 0
+    if pid == 0:
+        os.close(ready_fd)
+        _worker(listener, told_fd, handle)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+    return pid
+
+
+def _worker(listener: socket.socket, told_fd: int, handle: Handler) -> NoReturn:
+    """Wait for one connection (the parent shutting the listener down ends an idle worker),
+    tell the parent, serve it."""
+    import signal
+    import struct
+    import time
+
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # idle: nothing to finish
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+        conn, _ = listener.accept()
+        accepted = time.clock_gettime(time.CLOCK_BOOTTIME)
+        os.write(told_fd, struct.pack("i", os.getpid()))
+        os.close(told_fd)
+    except BaseException:  # the listener is gone: the service is stopping
+        os._exit(0)
+    _child(listener, conn, accepted, handle)
+
+
+def _child(
+    listener: socket.socket, conn: socket.socket, accepted: float, handle: Handler
+) -> NoReturn:
+    import signal
+
+    try:
+        listener.close()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the shim may wait for subprocesses
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+        handle(conn, accepted)
+    except BaseException:  # noqa: S110 - the dispatcher sees the connection close unanswered
+        pass
+    finally:
+        os._exit(0)
