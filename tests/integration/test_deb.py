@@ -535,11 +535,12 @@ def refresh_on_the_fake_node(chroot: Chroot, folder: Path) -> None:
         assert bindings == "/usr/lib/python3/dist-packages/pynvml.py\n"
         owner = chroot.ok("dpkg", "-S", bindings.strip()).stdout
         assert owner.startswith("python3-nvidia-ml-py: ")
-        refresh = chroot.ok("gpuhook", "inventory", "refresh", env=node.env)
+        # the chroot's own cache folder, on its /run tmpfs (not the test session's, which the
+        # fake node's env names: that folder would be made inside the root)
+        env = {**node.env, "GPUHOOK_CACHE_DIR": "/run/gpuhook/config"}
+        refresh = chroot.ok("gpuhook", "inventory", "refresh", env=env)
         assert refresh.stdout.startswith(f"{node.root}/state/inventory.json: 2 GPUs"), refresh
-        view = json.loads(
-            chroot.ok("gpuhook", "inspect", "node", "-o", "json", env=node.env).stdout
-        )
+        view = json.loads(chroot.ok("gpuhook", "inspect", "node", "-o", "json", env=env).stdout)
         assert [g["uuid"] for g in view["gpus"]] == [g["uuid"] for g in node.truth["gpus"]]
         assert view["driver"]["version"] == node.truth["driver_version"]
     finally:
