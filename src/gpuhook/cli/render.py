@@ -40,6 +40,21 @@ def section(title: str, body: str, color: bool) -> str:
     return f"{head}\n{body}"
 
 
+def check_lines(checks: list[dict[str, Any]], fix_for: tuple[str, ...], color: bool) -> list[str]:
+    """One line per check (doctor's, selftest's): status, check, what was found, and its fix
+    for a status in ``fix_for``."""
+    width = max((len(c["check"]) for c in checks), default=5)
+    lines = []
+    for c in checks:
+        status = c["status"]
+        line = f"{paint(status.upper().ljust(4), status, color)}  {c['check'].ljust(width)}  "
+        line += c["message"]
+        if c.get("fix") and status in fix_for:
+            line += f"; fix: {c['fix']}"
+        lines.append(line.rstrip() + "\n")
+    return lines
+
+
 def paint(text: str, status: str, color: bool) -> str:
     """Colour a status word: pass/granted green, warn yellow, fail/refused red."""
     if not color:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from gpuhook.cli.render import age, mib, paint, section, table
+from gpuhook.cli.render import age, check_lines, mib, paint, section, table
 from gpuhook.inventory.catalog import LIBRARIES
 
 if TYPE_CHECKING:
@@ -336,16 +336,7 @@ def gc_table(view: dict[str, Any], color: bool = False) -> str:
 
 def doctor_table(view: dict[str, Any], color: bool = False) -> str:
     """One line per check: status, check, what was found, and for a failure or warning its fix."""
-    checks = view["checks"]
-    width = max((len(c["check"]) for c in checks), default=5)
-    lines = []
-    for c in checks:
-        status = c["status"]
-        line = f"{paint(status.upper().ljust(4), status, color)}  {c['check'].ljust(width)}  "
-        line += c["message"]
-        if c.get("fix") and status in ("fail", "warn"):
-            line += f"; fix: {c['fix']}"
-        lines.append(line.rstrip() + "\n")
+    lines = check_lines(view["checks"], ("fail", "warn"), color)
     s = view["summary"]
     lines.append(
         f"\ndoctor: {s['fail']} failed, {s['warn']} warnings, {s['pass']} passed, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuhook.cli.render import paint
+from gpuhook.cli.render import check_lines
 from gpuhook.cli.render import table as columns
 from gpuhook.model.frozen import Frozen, _init
 
@@ -85,16 +85,7 @@ def view(
 def table(data: dict[str, Any], color: bool = False) -> str:
     """The check lines (a failure with its fix), the timings, then the summary."""
 
-    checks = data["checks"]
-    width = max((len(c["check"]) for c in checks), default=5)
-    lines = []
-    for c in checks:
-        status = c["status"]
-        line = f"{paint(status.upper().ljust(4), status, color)}  {c['check'].ljust(width)}  "
-        line += c["message"]
-        if c.get("fix") and status != PASS:
-            line += f"; fix: {c['fix']}"
-        lines.append(line.rstrip() + "\n")
+    lines = check_lines(data["checks"], (FAIL, SKIP), color)
     if data["containers"]:
         rows = [
             [t["check"], _shown(t["gpuhook_runtime_ms"]), _shown(t["runc_ms"]), _diff(t)]
