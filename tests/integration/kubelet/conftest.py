@@ -221,7 +221,7 @@ def start(cluster: Cluster, binary: Path, rootfs: str, scratch: Path) -> None:
     assert out.returncode == 0, out.stderr
     host.make_cgroup(root.name)
     cluster.kubelet = Kubelet(binary, root, cluster.daemon.socket, root.name)
-    cluster.kubelet.start(ready=deviceplugin.KUBELET_SOCKET)
+    cluster.kubelet.launch(ready=deviceplugin.KUBELET_SOCKET)
     api = deviceplugin.compile_api(scratch / "deviceplugin")
     for name, gpus, strategy, replicas in LAYOUT:
         uuids = tuple(cluster.uuid(i) for i in gpus)

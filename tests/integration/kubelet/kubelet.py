@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,11 +21,11 @@ from typing import Any
 
 import testbed
 
+from tests.integration import engines
 from tests.integration.cri.daemon import IMAGE_ALL
 
 NODE_NAME = "gpuhook-node"
 NAMESPACE = "default"
-START_TIMEOUT = 120.0
 POD_TIMEOUT = 120.0
 PROBE_THEN_SLEEP = testbed.PROBE + "; exec sleep 3600"
 
@@ -107,20 +105,19 @@ def read_log(path: Path) -> str:
     return text
 
 
-class Kubelet:
-    """The kubelet process, its config, static pod folder and logs, under ``root``."""
+class Kubelet(engines.Daemon):
+    """The kubelet process, its config, static pod folder and logs (``kubelet.log``), under
+    ``root``; started, tailed and stopped as the suite's other daemons are."""
 
     def __init__(self, binary: Path, root: Path, runtime_socket: Path, cgroup: str) -> None:
+        super().__init__("kubelet", root)
         self.binary = binary
-        self.root = root
         self.root_dir = root / "kubelet"
         self.manifests = root / "manifests"
         self.pod_logs = root / "pod-logs"
         self.config_file = root / "kubelet.json"
-        self.log = root / "kubelet.log"
         self.runtime_socket = runtime_socket
         self.cgroup = cgroup
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def configuration(self) -> dict[str, Any]:
         endpoint = f"unix://{self.runtime_socket}"
@@ -144,7 +141,7 @@ class Kubelet:
             "imageGCLowThresholdPercent": 99,
         }
 
-    def start(self, ready: Path) -> None:
+    def launch(self, ready: Path) -> None:
         """Start it and wait until ``ready`` (its device plugin socket) exists."""
         for folder in (self.root_dir, self.manifests, self.pod_logs):
             folder.mkdir(parents=True, exist_ok=True)
@@ -157,41 +154,13 @@ class Kubelet:
             f"--hostname-override={NODE_NAME}",
             "--v=2",
         ]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + START_TIMEOUT
-        while not ready.is_socket():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the kubelet did not start{self.tail()}")
-            time.sleep(0.2)
+        self.start(argv, os.environ, ready)
 
-    def stop(self) -> None:
-        """SIGTERM to its pid, SIGKILL if it lingers."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+    def ready(self) -> bool:
+        return True  # its device plugin socket is there (engines.Daemon.start waited for it)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            return ""
-        return f"\n--- last lines of {self.log}:\n" + "\n".join(text)
 
     # --- static pods --------------------------------------------------------------------------
 
