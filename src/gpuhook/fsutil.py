@@ -67,6 +67,18 @@ def atomic_write(
         raise
 
 
+def atomic_symlink(target: str, link: str) -> None:
+    """Make or re-point ``link`` to ``target`` atomically (a temp link in the same folder, then
+    ``os.replace``); the temp link is removed when the replace fails. Raises OSError."""
+    tmp = temp_name(link)
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, link)
+    except OSError:
+        os.unlink(tmp)
+        raise
+
+
 def remove_stale_temps(path: str) -> int:
     """Remove temp files that an interrupted :func:`atomic_write` of ``path`` left behind.
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import stat
 
-from gpuhook.fsutil import resolve_in_root, temp_name
+from gpuhook.fsutil import atomic_symlink, resolve_in_root
 from gpuhook.inventory.driverroot import host_path
 
 TYPE_CHECKING = False
@@ -84,13 +84,7 @@ def ensure(dev_root: str, inventory: Inventory) -> tuple[int, list[str]]:
             continue
         try:
             os.makedirs(os.path.dirname(link), mode=0o755, exist_ok=True)
-            tmp = temp_name(link)
-            os.symlink(target(node), tmp)
-            try:
-                os.replace(tmp, link)
-            except OSError:
-                os.unlink(tmp)
-                raise
+            atomic_symlink(target(node), link)
         except OSError as exc:
             problems.append(f"cannot link {link} -> {target(node)}: {exc.strerror}")
             continue

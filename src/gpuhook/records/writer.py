@@ -15,7 +15,7 @@ import os
 import time
 
 from gpuhook import __version__, _fastjson
-from gpuhook.fsutil import atomic_write, remove_stale_temps, temp_name
+from gpuhook.fsutil import atomic_symlink, atomic_write, remove_stale_temps
 from gpuhook.model.record import RECORD_VERSION
 from gpuhook.records.ids import link_path, valid_id
 
@@ -119,13 +119,7 @@ def write(config: Config, container_id: str, bundle: str, record: dict[str, Any]
         try:
             if os.readlink(link) != path:
                 remove_stale_temps(link)
-                tmp = temp_name(link)
-                os.symlink(path, tmp)
-                try:
-                    os.replace(tmp, link)
-                except OSError:
-                    os.unlink(tmp)
-                    raise
+                atomic_symlink(path, link)
         except OSError as exc:
             return f"cannot link decision record {link}: {exc.strerror}"
     except OSError as exc:
