@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +77,40 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert mode["service_socket"].endswith("/runtime.sock") and not mode["no_service"]
     assert (mode["compare_python"], mode["peers"], mode["nodes"]) == (False, [], None)
     assert "not the runtime service's workers" in run.stdout
+
+
+def test_realnode_bench_smoke(tmp_path: Path, fake_node_factory: Any) -> None:
+    """bench/realnode.py (the figures of a real GPU node) on a fake node's config: every case
+    through runc and gpuhook-runtime with the service, the GPU specs checked, JSON and table."""
+    node = fake_node_factory("--gpus", "1")
+    node.refresh()
+    out = tmp_path / "real.json"
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "realnode.py"),
+            "--config",
+            str(node.config),
+            "-n",
+            "2",
+            "--warmup",
+            "1",
+            "--work",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("| case | runc median (p95), overhead | gpuhook median (p95)")
+    assert "plain runc on gpuhook's GPU-0 spec: median" in run.stdout
+    report = json.loads(out.read_text())
+    cases = {(r["case"], r["runtime"]) for r in report["cases"]}
+    for case in ("nongpu", "gpu1", "gpu1big"):
+        assert (case, "runc") in cases and (case, "gpuhook") in cases
+    assert all(r["n"] == 2 for r in report["cases"]) and report["runc_on_edited_gpu1"]["n"] == 2
+    assert list((tmp_path / "work").iterdir()) == []  # the bundles and the service are gone
