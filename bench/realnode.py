@@ -46,9 +46,15 @@ NVIDIA = "nvidia"
 
 
 def node_config(config: str, work: str, socket: str) -> str:
-    """A copy of the node's config with the bench's service socket and log level info."""
+    """A copy of the node's config with the bench's service socket, log level info, and its
+    own state folder (the decision records' links go there, not among the node's), reading the
+    node's inventory where it is."""
     with open(config) as fh:
         data: dict[str, Any] = yaml.safe_load(fh) or {}
+    inventory = data.setdefault("inventory", {})
+    state = data.get("state_dir") or "/var/lib/gpuhook"
+    inventory["path"] = inventory.get("path") or os.path.join(state, "inventory.json")
+    data["state_dir"] = os.path.join(work, "state")
     data.setdefault("runtime", {})["service"] = socket
     data.setdefault("log", {})["level"] = "info"
     path = os.path.join(work, "gpuhook.yaml")

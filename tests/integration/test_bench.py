@@ -114,3 +114,5 @@ def test_realnode_bench_smoke(tmp_path: Path, fake_node_factory: Any) -> None:
         assert (case, "runc") in cases and (case, "gpuhook") in cases
     assert all(r["n"] == 2 for r in report["cases"]) and report["runc_on_edited_gpu1"]["n"] == 2
     assert list((tmp_path / "work").iterdir()) == []  # the bundles and the service are gone
+    records = Path(node.truth["state_dir"]) / "containers"
+    assert not records.exists() or list(records.iterdir()) == []  # none among the node's

@@ -149,7 +149,7 @@ def test_the_table_puts_the_fix_after_a_failure_and_the_timings_below() -> None:
         "CONTAINER  GPUHOOK-RUNTIME  RUNC   DIFFERENCE\n"
         "gpu 0      120 ms           40 ms  +80 ms\n"
         "k          50 ms            -      -\n"
-        "(create to exit; gpuhook-runtime: /g, runc: plain /r on the same bundle)\n"
+        "(the create call; gpuhook-runtime: /g, runc: plain /r on the same bundle)\n"
         "\n"
         "selftest: 1 failed, 1 passed, 1 skipped\n"
     )

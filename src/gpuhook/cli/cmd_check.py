@@ -115,8 +115,8 @@ def selftest_command(
     inside must list it alone, its decision record must say so); an unallocated pod container
     with NVIDIA_VISIBLE_DEVICES=all sees no GPU; each MPS group's client gets its limits and
     its daemon answers; with --cuda, a CUDA program in each. One line per check, with the fix
-    for each failure, and each container's create-to-exit time against plain runc; exit 1 when
-    any check fails."""
+    for each failure, and each container's create call against plain runc's; exit 1 when any
+    check fails."""
 
     if cuda_program and not cuda:
         raise UsageError("selftest: --cuda-program needs --cuda")

@@ -30,12 +30,14 @@ STOP_TIMEOUT_S = 10.0
 
 class Ran(Frozen):
     """How a container run went. ``error``: why it did not run to its exit ("" when it did);
-    ``created``: whether the runtime holds a container to delete; ``elapsed_s``: create to
-    exit; ``code``: the init's exit code (None when unknown)."""
+    ``created``: whether the runtime holds a container to delete; ``create_s``: the wall time
+    of the ``create`` call (where gpuhook-runtime decides and edits the spec, and the runtime
+    makes the container and runs its createContainer hooks; the container's own run is not in
+    it); ``code``: the init's exit code (None when unknown)."""
 
     error: str
     created: bool
-    elapsed_s: float | None = None
+    create_s: float | None = None
     code: int | None = None
     stdout: str = ""
     stderr: str = ""
@@ -115,10 +117,12 @@ class Runtime:
                 return Ran(f"cannot run {self.path}: {exc.strerror}", False)
         if code != 0:
             return Ran(_failure(_read(err_path), log, f"create exited with {code}"), False)
-        ran = self._start_and_wait(container_id, pid_file, start, timeout)
+        ran = self._start_and_wait(container_id, pid_file, time.monotonic() - start, timeout)
         return ran.replace(stdout=_read(out_path), stderr=_read(err_path))
 
-    def _start_and_wait(self, container_id: str, pid_file: str, since: float, limit: float) -> Ran:
+    def _start_and_wait(
+        self, container_id: str, pid_file: str, create_s: float, limit: float
+    ) -> Ran:
         try:
             with open(pid_file) as fh:
                 pid = int(fh.read().strip())
@@ -128,12 +132,11 @@ class Runtime:
         if code != 0:
             return Ran(_failure(stderr, "", f"start exited with {code}"), True)
         exited = _wait(pid, limit)
-        elapsed = time.monotonic() - since
         if exited is False:
             self.call("kill", container_id, "KILL")
             _wait(pid, STOP_TIMEOUT_S)
             return Ran(f"the container did not exit within {limit:.0f}s (killed)", True)
-        return Ran("", True, elapsed, None if isinstance(exited, bool) else exited)
+        return Ran("", True, create_s, None if isinstance(exited, bool) else exited)
 
     def delete(self, container_id: str) -> str:
         """Delete the container as an engine does (``delete``, then ``delete --force`` when a

@@ -47,8 +47,10 @@ class Result(Frozen):
 
 
 class Timing(Frozen):
-    """One container's create-to-exit time through gpuhook-runtime, and plain runc's on the
-    same bundle (None where that did not run to its exit)."""
+    """One container's ``create`` call through gpuhook-runtime, and plain runc's on the same
+    bundle (None where that did not run to its exit): what gpuhook adds to a container start
+    (the decision, the spec edit, runc's work for what was injected, the ldcache hook), without
+    the container's own run (nvidia-smi and a CUDA program take far longer on a real GPU)."""
 
     check: str
     container_id: str
@@ -94,7 +96,7 @@ def table(data: dict[str, Any], color: bool = False) -> str:
         lines.append("\n")
         lines.append(columns(["CONTAINER", "GPUHOOK-RUNTIME", "RUNC", "DIFFERENCE"], rows))
         lines.append(
-            f"(create to exit; gpuhook-runtime: {data['runtimes'].get('gpuhook-runtime', '-')}, "
+            f"(the create call; gpuhook-runtime: {data['runtimes'].get('gpuhook-runtime', '-')}, "
             f"runc: plain {data['runtimes'].get('runc') or 'runc'} on the same bundle)\n"
         )
     s = data["summary"]

@@ -167,9 +167,9 @@ class Session:
             plain_path = self._bundle(name + "-runc", data)
             plain = self._run(self.runc, plain_path, cid + "-runc")
             self._delete(self.runc, cid + "-runc")
-        if ran.elapsed_s is not None:
-            runc_s = plain.elapsed_s if plain is not None and plain.code == 0 else None
-            self.timings.append(Timing(check, cid, ran.elapsed_s, runc_s))
+        if ran.create_s is not None:
+            runc_s = plain.create_s if plain is not None and plain.code == 0 else None
+            self.timings.append(Timing(check, cid, ran.create_s, runc_s))
         return Container(cid, path, ran, bundle.parse(ran.stdout), record, problem)
 
     def _bundle(self, name: str, data: dict[str, Any]) -> str:
