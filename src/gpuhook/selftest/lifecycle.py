@@ -15,8 +15,9 @@ import json
 import os
 import select
 import subprocess
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from gpuhook.model.frozen import Frozen
 
@@ -51,6 +52,34 @@ def become_subreaper(on: bool = True) -> bool:
         return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def _timed(
+    argv: list[str], out: IO[bytes], err: IO[bytes], env: Mapping[str, str], limit: float
+) -> tuple[int | None, float]:
+    """Run ``argv`` to its exit: (its exit code, or None when it was killed at ``limit``
+    seconds; its wall time). A blocking wait, with a timer that kills it at the limit:
+    ``subprocess.run(timeout=...)`` polls with growing sleeps, which rounds a 20 ms call up to
+    the next of 16, 32, 64 ms."""
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
+    killed: list[bool] = []
+
+    def kill() -> None:
+        killed.append(True)
+        proc.kill()
+
+    timer = threading.Timer(limit, kill)
+    timer.start()
+    try:
+        code = proc.wait()
+    except BaseException:  # a signal's exception (the run is interrupted): as subprocess.run
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        timer.cancel()
+    return (None if killed else code), time.monotonic() - started
 
 
 def reap_orphans() -> None:
@@ -97,27 +126,18 @@ class Runtime:
         out_path, err_path = os.path.join(bundle, "stdout"), os.path.join(bundle, "stderr")
         log = os.path.join(bundle, "runtime-log.json")
         pid_file = os.path.join(bundle, "init.pid")
-        start = time.monotonic()
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             create = [self.path, "--root", self.root, "--log", log, "--log-format", "json"]
             create += ["create", "--bundle", bundle, "--pid-file", pid_file, container_id]
             try:
-                code = subprocess.run(
-                    create,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    env=self.env,
-                    timeout=COMMAND_TIMEOUT_S,
-                    check=False,
-                ).returncode
-            except subprocess.TimeoutExpired:
-                return Ran(f"create did not return within {COMMAND_TIMEOUT_S:.0f}s", True)
+                code, create_s = _timed(create, out, err, self.env, COMMAND_TIMEOUT_S)
             except OSError as exc:
                 return Ran(f"cannot run {self.path}: {exc.strerror}", False)
+        if code is None:
+            return Ran(f"create did not return within {COMMAND_TIMEOUT_S:.0f}s", True)
         if code != 0:
             return Ran(_failure(_read(err_path), log, f"create exited with {code}"), False)
-        ran = self._start_and_wait(container_id, pid_file, time.monotonic() - start, timeout)
+        ran = self._start_and_wait(container_id, pid_file, create_s, timeout)
         return ran.replace(stdout=_read(out_path), stderr=_read(err_path))
 
     def _start_and_wait(
