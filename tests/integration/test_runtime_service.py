@@ -628,6 +628,23 @@ def doctor_line(node: FakeNode, env: dict[str, str]) -> dict[str, str]:
     return {"status": check["status"], "message": check["message"]}
 
 
+def test_the_service_runs_in_a_process_of_its_own_without_the_cli(
+    node: FakeNode, runtime_service: Start
+) -> None:
+    """``gpuhook runtime serve`` execs the service's own interpreter (same pid, so systemd's
+    unit and the listening line still name it): its workers are forked from a process that maps
+    nothing from site-packages (click, yaml and jsonschema are the CLI's, and a fork copies the
+    page tables of all it holds)."""
+    svc = runtime_service(node.env)
+    pid = svc.process.pid
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    assert argv[1:3] == [b"-I", b"-S"] and argv[3].endswith(b"/gpuhook/_service_entry.py")
+    assert argv[5] == str(svc.socket).encode()
+    mapped = {line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()}
+    assert [m for m in mapped if "-packages/" in m] == []
+    assert service.probe(str(svc.socket)) == ""
+
+
 def test_start_replaces_a_dead_services_socket_and_refuses_a_live_one(
     node: FakeNode, tmp_path: Path, socket_folder: Path, runtime_service: Start
 ) -> None:
