@@ -1,6 +1,8 @@
 """The runtime service's worker pool: :data:`POOL` forked workers wait in ``accept``, so that a
 call finds its process already forked; each serves one connection in its own process and exits,
-and the parent forks the next as soon as one is taken (:func:`run`).
+and the parent forks the next as soon as one is taken (:func:`run`). A new worker first copies
+the service's pages that earlier workers wrote (:mod:`gpuhook.runtime.prefault`), and a worker
+reports those it wrote when it exits (:func:`finish`).
 """
 
 from __future__ import annotations
@@ -13,20 +15,27 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import NoReturn
 
+    from gpuhook.runtime.prefault import Learned
+
     # serves one accepted connection in its worker: (connection, CLOCK_BOOTTIME of the accept)
     Handler = Callable[[socket.socket, float], None]
 
 POOL = 4  # forked workers waiting for a call (each serves one; the parent forks the next)
+_learned: Learned | None = None  # the pages workers wrote (made by run, inherited by workers)
 
 
-def run(listener: socket.socket, handle: Handler) -> NoReturn:
+def run(listener: socket.socket, handle: Handler, learned: Learned) -> NoReturn:
     """Keep :data:`POOL` forked workers waiting in ``accept``, so that a call finds its process
     already forked. Each worker serves one connection and exits; as soon as it has one it writes
-    its pid to a pipe, and the parent forks the next. Workers that died idle are replaced."""
+    its pid to a pipe, and the parent forks the next. Workers that died idle are replaced.
+    ``learned``: the pages workers wrote, made before the service's memory was frozen."""
     import select
     import struct
 
+    global _learned
+    _learned = learned
     ready_fd, told_fd = os.pipe()
+    watched = [ready_fd] + ([learned.read_fd] if learned.read_fd >= 0 else [])
     idle: set[int] = set()
     while True:
         while len(idle) < POOL:
@@ -34,11 +43,21 @@ def run(listener: socket.socket, handle: Handler) -> NoReturn:
             if not pid:
                 break
             idle.add(pid)
-        if select.select([ready_fd], [], [], 5.0)[0]:
+        ready = select.select(watched, [], [], 5.0)[0]
+        if learned.read_fd in ready:
+            learned.take()
+        if ready_fd in ready:
             data = os.read(ready_fd, 4096)  # whole 4-byte records: each write is atomic
             idle.difference_update(pid for (pid,) in struct.iter_unpack("i", data))
-        else:
+        elif not ready:
             idle = {pid for pid in idle if _alive(pid)}
+
+
+def finish(code: int) -> NoReturn:
+    """End a worker that has replied (or never will): report the pages it wrote, then exit."""
+    if _learned is not None:
+        _learned.report()
+    os._exit(code)
 
 
 def _alive(pid: int) -> bool:
@@ -61,6 +80,8 @@ def _spawn(listener: socket.socket, ready_fd: int, told_fd: int, handle: Handler
 
     held = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    if _learned is not None:
+        _learned.fork_next()
     try:
         pid = os.fork()
     except OSError as exc:
@@ -70,6 +91,8 @@ def _spawn(listener: socket.socket, ready_fd: int, told_fd: int, handle: Handler
         return 0
     if pid == 0:
         os.close(ready_fd)
+        if _learned is not None and _learned.read_fd >= 0:
+            os.close(_learned.read_fd)
         _worker(listener, told_fd, handle)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
     return pid
@@ -86,6 +109,8 @@ def _worker(listener: socket.socket, told_fd: int, handle: Handler) -> NoReturn:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # idle: nothing to finish
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+        if _learned is not None:
+            _learned.copy()  # while no call waits for this worker
         conn, _ = listener.accept()
         accepted = time.clock_gettime(time.CLOCK_BOOTTIME)
         os.write(told_fd, struct.pack("i", os.getpid()))
@@ -110,4 +135,4 @@ def _child(
     except BaseException:  # noqa: S110 - the dispatcher sees the connection close unanswered
         pass
     finally:
-        os._exit(0)
+        finish(0)

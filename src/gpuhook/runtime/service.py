@@ -115,6 +115,8 @@ def serve(
     import signal
     import socket
 
+    from gpuhook.runtime import prefault
+
     def stop(signum: int, _frame: object) -> None:
         raise _Stop(signum)
 
@@ -127,12 +129,13 @@ def serve(
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _held())
         preload()
         peer.own()
+        learned = prefault.Learned()  # the pages workers write, learned from them
         gc.collect()
         gc.freeze()  # the children share these pages instead of copying them on collection
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
         announce(f"gpuhook runtime service: listening on {socket_path} (pid {os.getpid()})")
         adopt.flush()  # nothing buffered may reach a child
-        pool.run(listener, _handle)
+        pool.run(listener, _handle, learned)
     except _Stop as stopped:
         return stopped.signum
     finally:
