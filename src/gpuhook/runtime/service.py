@@ -181,18 +181,32 @@ def start(socket_path: str, config_file: str | None) -> NoReturn:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _held())
         raise
     fd = listener.fileno()
-    argv = [sys.executable, "-I", "-S", ENTRY, str(fd), socket_path, f"{dev}:{ino}"]
+    argv = [*interpreter(), ENTRY, str(fd), socket_path, f"{dev}:{ino}"]
     try:
         os.set_inheritable(fd, True)
-        os.execv(sys.executable, [*argv, *([config_file] if config_file else [])])
+        os.execv(argv[0], [*argv, *([config_file] if config_file else [])])
     except OSError as exc:
         _remove_socket(socket_path, (dev, ino))
         listener.close()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _held())
         raise ServiceError(
-            f"cannot start the runtime service's process {sys.executable or '(no interpreter)'}: "
-            f"{exc.strerror or exc}"
+            f"cannot start the runtime service's process {argv[0]}: {exc.strerror or exc}"
         ) from None
+
+
+def interpreter() -> list[str]:
+    """The command that started this Python, up to its script: the words of
+    ``/proc/self/cmdline`` before ``sys.argv[0]`` (with a dynamic loader and its options, as
+    ``gpuhook node install``'s /opt/gpuhook starts python3, and the dispatcher's ``-I -S``); else
+    ``sys.executable -I -S``."""
+    try:
+        with open("/proc/self/cmdline", "rb") as fh:
+            words = [os.fsdecode(w) for w in fh.read().split(b"\0")[:-1]]
+    except OSError:
+        words = []
+    if sys.argv and sys.argv[0] in words[1:]:
+        return words[: words.index(sys.argv[0], 1)]
+    return [sys.executable, "-I", "-S"]
 
 
 def main(args: list[str]) -> int:
