@@ -395,10 +395,14 @@ class Bench:
         base = "/run" if _is_tmpfs("/run") else "/dev/shm"
         self.work = tempfile.mkdtemp(prefix="gpuhook-bench-", dir=base)
         if opts.nodes:
-            self.disk = os.path.abspath(opts.nodes)
-            os.makedirs(self.disk, exist_ok=True)
+            self.nodes = os.path.abspath(opts.nodes)
+            os.makedirs(self.nodes, exist_ok=True)
         else:
-            self.disk = tempfile.mkdtemp(prefix="gpuhook-bench-nodes-")
+            # On the same tmpfs: a node's state folder (records, exec-env markers) on a disk of
+            # its own costs ~10 us a file; $TMPDIR may be a busy ext4 without a journal, where
+            # a new file costs 0.1-0.9 ms (ext4 skips every recently deleted inode), varying
+            # from run to run with whatever else churns files there.
+            self.nodes = tempfile.mkdtemp(prefix="gpuhook-bench-nodes-", dir=base)
         self.ids = 0
         self.runtimes: list[Runtime] = []
         self.states: dict[str, str] = {}
@@ -418,14 +422,14 @@ class Bench:
 
     def setup(self) -> None:
         o = self.opts
-        self.log(f"bundles and runtime state on {self.work}; fake nodes in {self.disk}")
-        checkpoint = os.path.join(self.disk, "kubelet_internal_checkpoint")
+        self.log(f"bundles and runtime state on {self.work}; fake nodes in {self.nodes}")
+        checkpoint = os.path.join(self.nodes, "kubelet_internal_checkpoint")
         socket = "" if o.no_service else os.path.join(self.work, "runtime.sock")
         self.node_a = make_node(
-            os.path.join(self.disk, "a"), o.hook, o.runc, checkpoint, socket, "--gpus", "8"
+            os.path.join(self.nodes, "a"), o.hook, o.runc, checkpoint, socket, "--gpus", "8"
         )
         self.node_b = make_node(
-            os.path.join(self.disk, "b"),
+            os.path.join(self.nodes, "b"),
             o.hook,
             o.runc,
             checkpoint,
@@ -454,7 +458,7 @@ class Bench:
         self.peer_xdg: dict[str, str] = {}
         if o.peer_cdi_hook:  # NVIDIA's runtime in CDI mode: a generated spec per fake node
             for node, truth in (("a", self.node_a), ("b", self.node_b)):
-                folder = os.path.join(self.disk, f"peer-{node}")
+                folder = os.path.join(self.nodes, f"peer-{node}")
                 self.peer_xdg[node] = write_peer_config(folder, truth, o.runc, o.peer_cdi_hook)
         for peer in o.peer:
             name, eq, path = peer.partition("=")
@@ -739,9 +743,9 @@ class Bench:
         if not self.opts.keep:
             shutil.rmtree(self.work, ignore_errors=True)
             if not self.opts.nodes:
-                shutil.rmtree(self.disk, ignore_errors=True)
+                shutil.rmtree(self.nodes, ignore_errors=True)
         else:
-            self.log(f"kept {self.work} and {self.disk}")
+            self.log(f"kept {self.work} and {self.nodes}")
 
 
 def _has_gpu_devices(case: str, devices: list[Any]) -> bool:

@@ -26,7 +26,7 @@ import testbed
 
 from gpuhook.config import loading as config_loading
 from gpuhook.records import execenv, writer
-from gpuhook.runtime import dispatch, service, wire
+from gpuhook.runtime import dispatch, prefault, service, wire
 from gpuhook.runtime.pool import POOL
 from tests import factories as f
 from tests.conftest import Containers, FakeNode, recorder, recorder_env
@@ -564,6 +564,40 @@ def test_many_creates_at_once_are_all_answered(
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pool)
 
 
+def private_dirty_kib(pid: int) -> int:
+    """The memory ``pid`` holds as its own copy (written since it was forked), in KiB."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Private_Dirty:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Private_Dirty in /proc/{pid}/smaps_rollup")
+
+
+def test_new_workers_copy_the_pages_earlier_workers_wrote(
+    node: FakeNode, containers: Containers, tmp_path: Path, runtime_service: Start
+) -> None:
+    """Before any call, an idle worker holds almost nothing of its own; once workers that
+    decided creates have reported the service's pages they wrote, the workers forked after copy
+    those pages while they wait (runtime/prefault.py), so a call finds them already copied."""
+    if prefault.populate_write() is None:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE: workers copy nothing ahead")
+    fake, _ = recorder(tmp_path / "cfg")
+    svc = runtime_service(node.variant(tmp_path / "cfg", runtime={"path": str(fake)}))
+    first = children_of(svc.process.pid)
+    before = max(private_dirty_kib(pid) for pid in first)
+    for i in range(3):
+        bundle = containers.bundle(env=[f"NVIDIA_VISIBLE_DEVICES={i}"])
+        argv = ["gpuhook-runtime", "create", "--bundle", str(bundle), f"copied-{i}"]
+        assert request(svc.socket, argv, svc.env).kind == wire.EXEC
+    copied = 0
+    for _ in range(200):  # the newest workers copy once forked, before they wait in accept
+        later = [pid for pid in children_of(svc.process.pid) if pid not in first]
+        copied = max((private_dirty_kib(pid) for pid in later), default=0)
+        if copied >= before + 1024:
+            break
+        time.sleep(0.05)
+    assert copied >= before + 1024, (before, copied)
+
+
 def test_sigterm_removes_the_socket_and_start_stop_are_logged(
     node: FakeNode,
     containers: Containers,
@@ -626,6 +660,23 @@ def doctor_line(node: FakeNode, env: dict[str, str]) -> dict[str, str]:
     out = node.gpuhook("doctor", "-o", "json", env=env)
     [check] = [c for c in json.loads(out.stdout)["checks"] if c["check"] == "runtime service"]
     return {"status": check["status"], "message": check["message"]}
+
+
+def test_the_service_runs_in_a_process_of_its_own_without_the_cli(
+    node: FakeNode, runtime_service: Start
+) -> None:
+    """``gpuhook runtime serve`` execs the service's own interpreter (same pid, so systemd's
+    unit and the listening line still name it): its workers are forked from a process that maps
+    nothing from site-packages (click, yaml and jsonschema are the CLI's, and a fork copies the
+    page tables of all it holds)."""
+    svc = runtime_service(node.env)
+    pid = svc.process.pid
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    assert argv[1:3] == [b"-I", b"-S"] and argv[3].endswith(b"/gpuhook/_service_entry.py")
+    assert argv[5] == str(svc.socket).encode()
+    mapped = {line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()}
+    assert [m for m in mapped if "-packages/" in m] == []
+    assert service.probe(str(svc.socket)) == ""
 
 
 def test_start_replaces_a_dead_services_socket_and_refuses_a_live_one(

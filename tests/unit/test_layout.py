@@ -87,7 +87,7 @@ def test_no_module_imports_relatively() -> None:
     assert _relative_imports(SRC) == []
 
 
-ENTRY_POINTS = {"__main__.py", "_cli_entry.py", "_shim_entry.py"}
+ENTRY_POINTS = {"__main__.py", "_cli_entry.py", "_shim_entry.py", "_service_entry.py"}
 
 
 def test_top_level_modules_are_leaves_and_few() -> None:

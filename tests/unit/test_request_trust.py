@@ -123,3 +123,10 @@ def test_a_key_runc_reads_as_another_field_is_refused(spec: dict[str, Any]) -> N
 def test_keys_as_the_spec_spells_them_and_unknown_keys_pass() -> None:
     gofields.check(f.spec(hooks=LEGACY, annotations={"Process": "a map key, case-sensitive"}))
     gofields.check({"x-vendor": {"Process": 1}, "process": {"user": {"UID": 0}}})
+
+
+def test_fold_is_gos_ascii_upper_case_with_the_two_runes_that_fold_to_ascii() -> None:
+    assert gofields.fold("createContainer") == "CREATECONTAINER"
+    assert gofields.fold("proce\u017fs") == "PROCESS"  # the long s
+    assert gofields.fold("\u212aeep") == "KEEP"  # the Kelvin sign
+    assert gofields.fold("caf\u00e9") == "CAF\u00e9"  # other runes stay as they are

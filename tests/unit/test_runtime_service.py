@@ -310,3 +310,19 @@ def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
     unit = tmp_path / UNIT.name
     unit.write_text(UNIT.read_text())
     assert systemd_verify(unit, "gpuhook(1)") == []
+
+
+def test_the_service_process_is_started_as_the_cli_was(tmp_path: Path) -> None:
+    """gpuhook runtime serve execs the command that started its own Python, up to the script:
+    a dynamic loader with its options too (gpuhook node install's /opt/gpuhook layout)."""
+    loader = "/lib64/ld-linux-x86-64.so.2"
+    if not os.path.exists(loader):
+        pytest.skip(f"no {loader} here")
+    script = tmp_path / "interpreter.py"
+    script.write_text(
+        f"import sys; sys.path.insert(0, {str(SRC)!r})\n"
+        "from gpuhook.runtime import service; print(service.interpreter())\n"
+    )
+    for command in ([sys.executable, "-I", "-S"], [loader, sys.executable, "-I"]):
+        out = subprocess.run([*command, str(script)], capture_output=True, text=True, check=True)
+        assert out.stdout == f"{command}\n"

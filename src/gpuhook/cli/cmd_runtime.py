@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import os
-import signal
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpuhook import __version__, log
 from gpuhook.cli.base import Context, pass_ctx
 from gpuhook.engines import configure, readers
 from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH
@@ -166,14 +164,7 @@ def runtime_serve(obj: Context, socket_path: str | None) -> None:
             f"runtime serve: runtime.service is empty in {config.source} (the runtime service "
             "is disabled); set it there or give --socket PATH"
         )
-    logger = log.get_logger(socket=path, pid=os.getpid())
-
-    def announce(line: str) -> None:
-        logger.info("runtime service started", version=__version__, config=config.source)
-        click.echo(line)
-
-    signum = service.serve(path, announce)
-    logger.info("runtime service stopped", signal=signal.Signals(signum).name)
+    service.start(path, obj.config_file)  # listens here, then execs the service's process
 
 
 @click.group("hook", context_settings={"ignore_unknown_options": True})

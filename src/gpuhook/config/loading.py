@@ -94,7 +94,7 @@ def load(explicit: str | None = None, *, use_cache: bool = True) -> Config:
         return Config("(defaults)", _merge(DEFAULTS, {}), locate.resolve_runtime(""))
     except OSError as exc:
         raise ConfigError(path, exc.strerror or "cannot stat") from None
-    identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, __version__, _key_paths(DEFAULTS)]
+    identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, __version__, _KNOWN_KEYS]
     cache_dir = cache.cache_dir_for(path)
     if use_cache:
         cached = cache.read(cache_dir, identity)
@@ -118,6 +118,9 @@ def _key_paths(tree: Mapping[str, Any], prefix: str = "") -> str:
         if isinstance(value, dict):
             paths.append(_key_paths(value, f"{prefix}{key}."))
     return " ".join(p for p in paths if p)
+
+
+_KNOWN_KEYS = _key_paths(DEFAULTS)
 
 
 def compile_file(path: str) -> dict[str, Any]:

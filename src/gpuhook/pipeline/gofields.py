@@ -45,7 +45,25 @@ _GO_FOLD = {"\u017f": "S", "\u212a": "K"}  # the non-ASCII runes whose fold is a
 def fold(key: str) -> str:
     """``key`` as Go's encoding/json compares field names: ASCII upper case, with the two
     non-ASCII runes that fold to ASCII letters mapped to them."""
+    if key.isascii():
+        return key.upper()
     return "".join(_GO_FOLD.get(c, c.upper() if c.isascii() else c) for c in key)
+
+
+def _folded(names: tuple[str, ...]) -> dict[str, str]:
+    """The fields of one struct by their fold (no two fold alike: each is its own field)."""
+    folded = {fold(n): n for n in names}
+    if len(folded) != len(names):
+        raise ValueError(f"two field names fold alike: {names}")
+    return folded
+
+
+# Each struct's fields by their fold, made once: a spec is checked on every create.
+_FOLDED: dict[tuple[str, ...], dict[str, str]] = {
+    names: _folded(names)
+    for names in (_SPEC, _PROCESS, _CAPABILITIES, _MOUNT, _HOOKS, _HOOK, _ROOT, _LINUX,
+                  _RESOURCES, _DEVICE_RULE, _DEVICE)
+}  # fmt: skip
 
 
 def check(spec: dict[str, Any]) -> None:
@@ -81,8 +99,10 @@ def _items(value: Any, names: tuple[str, ...], where: str) -> None:
 def _fields(obj: Any, names: tuple[str, ...], where: str) -> None:
     if not isinstance(obj, dict):
         return
-    folded = {fold(n): n for n in names}
+    folded = _FOLDED[names]
     for key in obj:
+        if key in names:
+            continue  # the field's own spelling (folds differ between fields: _folded)
         field = folded.get(fold(key))
         if field is not None and field != key:
             at = f"{where}.{key}" if where else key

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuhook.runtime import locate
+from gpuhook.runtime import locate, pool
 from gpuhook.runtime.wire import EXEC, Request, encode_reply
 
 TYPE_CHECKING = False
@@ -61,7 +61,7 @@ def executor(conn: socket.socket, argv: list[str]) -> Execute:
             conn.send(encode_reply(EXEC, os.fsencode(os.path.abspath(path))))
         except OSError:
             os._exit(1)  # the caller is gone: nobody to tell
-        os._exit(0)
+        pool.finish(0)
 
     return execute
 

@@ -29,7 +29,8 @@ DISPATCHER_MARK = b"@gpuhook-runtime interpreter@"
 ENV_SELF = "GPUHOOK_SELF"  # the dispatchers' own path, set for the Python they exec
 SHIM_ENTRY = "_shim_entry.py"  # the scripts the dispatchers run, in the gpuhook package folder
 CLI_ENTRY = "_cli_entry.py"
-ENTRY_SCRIPTS = (SHIM_ENTRY, CLI_ENTRY)
+SERVICE_ENTRY = "_service_entry.py"  # the runtime service's process (gpuhook runtime serve)
+ENTRY_SCRIPTS = (SHIM_ENTRY, CLI_ENTRY, SERVICE_ENTRY)
 PROGRAMS = ("gpuhook-runtime", "gpuhook")
 FALLBACK_HOOK_PATH = "/usr/bin/gpuhook"
 

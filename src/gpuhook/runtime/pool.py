@@ -1,6 +1,8 @@
 """The runtime service's worker pool: :data:`POOL` forked workers wait in ``accept``, so that a
 call finds its process already forked; each serves one connection in its own process and exits,
-and the parent forks the next as soon as one is taken (:func:`run`).
+and the parent forks the next once the taken one has replied (:func:`run`). A new worker first
+copies the service's pages that earlier workers wrote (:mod:`gpuhook.runtime.prefault`), and a
+worker reports those it wrote when it exits (:func:`finish`).
 """
 
 from __future__ import annotations
@@ -13,32 +15,86 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import NoReturn
 
+    from gpuhook.runtime.prefault import Learned
+
     # serves one accepted connection in its worker: (connection, CLOCK_BOOTTIME of the accept)
     Handler = Callable[[socket.socket, float], None]
 
 POOL = 4  # forked workers waiting for a call (each serves one; the parent forks the next)
+# A taken worker is replaced once it has replied: the parent, woken at the accept, forked beside
+# the worker deciding a create and held it up (~0.7 ms on a 2-CPU machine). One that has not
+# replied within REFILL_S (a slow create, a caller that sends nothing) is replaced then.
+REFILL_S = 0.2
+PRUNE_S = 5.0  # how often the parent checks that its idle workers are alive
+_learned: Learned | None = None  # the pages workers wrote (made by run, inherited by workers)
+_replied_fd = -1  # a worker writes its pid here once it has replied (inherited)
 
 
-def run(listener: socket.socket, handle: Handler) -> NoReturn:
+def run(listener: socket.socket, handle: Handler, learned: Learned) -> NoReturn:
     """Keep :data:`POOL` forked workers waiting in ``accept``, so that a call finds its process
-    already forked. Each worker serves one connection and exits; as soon as it has one it writes
-    its pid to a pipe, and the parent forks the next. Workers that died idle are replaced."""
+    already forked. Each worker serves one connection and exits. When it has one it writes its
+    pid to the taken pipe, which nobody waits on; once it has replied, to the replied pipe, which
+    wakes the parent: it reads the taken pipe then (or every :data:`REFILL_S`) and forks the next.
+    Workers that died idle are replaced. ``learned``: the pages workers wrote, made before the
+    service's memory was frozen."""
     import select
-    import struct
+    import time
 
-    ready_fd, told_fd = os.pipe()
+    global _learned, _replied_fd
+    _learned = learned
+    taken_fd, told_fd = os.pipe()
+    replied_fd, _replied_fd = os.pipe()
+    for fd in (taken_fd, _replied_fd):  # the parent never waits on one, a worker never on the other
+        os.set_blocking(fd, False)
+    watched = [replied_fd] + ([learned.read_fd] if learned.read_fd >= 0 else [])
     idle: set[int] = set()
+    pruned = time.monotonic()
     while True:
         while len(idle) < POOL:
-            pid = _spawn(listener, ready_fd, told_fd, handle)
+            pid = _spawn(listener, (taken_fd, replied_fd, learned.read_fd), told_fd, handle)
             if not pid:
                 break
             idle.add(pid)
-        if select.select([ready_fd], [], [], 5.0)[0]:
-            data = os.read(ready_fd, 4096)  # whole 4-byte records: each write is atomic
-            idle.difference_update(pid for (pid,) in struct.iter_unpack("i", data))
-        else:
+        ready = select.select(watched, [], [], REFILL_S)[0]
+        if learned.read_fd in ready:
+            learned.take()
+        if replied_fd in ready:
+            os.read(replied_fd, 4096)  # a wakeup: the taken pipe says which workers are gone
+        idle.difference_update(_pids(taken_fd))
+        if time.monotonic() - pruned >= PRUNE_S:
             idle = {pid for pid in idle if _alive(pid)}
+            pruned = time.monotonic()
+
+
+def _pids(fd: int) -> list[int]:
+    """The pids waiting in the (non-blocking) pipe ``fd``: whole 4-byte records (each write of
+    one is atomic)."""
+    import struct
+
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            break
+        data += chunk
+        if len(chunk) < 4096:
+            break
+    return [pid for (pid,) in struct.iter_unpack("i", data[: len(data) // 4 * 4])]
+
+
+def finish(code: int) -> NoReturn:
+    """End a worker that has replied (or never will): wake the parent, which forks its
+    replacement, report the pages it wrote, exit."""
+    import struct
+
+    try:
+        os.write(_replied_fd, struct.pack("i", os.getpid()))
+    except OSError:
+        pass  # the pipe is full: the parent reads the taken pipe within REFILL_S anyway
+    if _learned is not None:
+        _learned.report()
+    os._exit(code)
 
 
 def _alive(pid: int) -> bool:
@@ -51,7 +107,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _spawn(listener: socket.socket, ready_fd: int, told_fd: int, handle: Handler) -> int:
+def _spawn(
+    listener: socket.socket, parents: tuple[int, ...], told_fd: int, handle: Handler
+) -> int:
     """Fork one worker; its pid (0 when the fork failed: logged, retried a little later).
     SIGTERM and SIGINT wait until the worker has its own handlers."""
     import signal
@@ -61,6 +119,8 @@ def _spawn(listener: socket.socket, ready_fd: int, told_fd: int, handle: Handler
 
     held = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    if _learned is not None:
+        _learned.fork_next()
     try:
         pid = os.fork()
     except OSError as exc:
@@ -69,7 +129,9 @@ def _spawn(listener: socket.socket, ready_fd: int, told_fd: int, handle: Handler
         time.sleep(0.1)
         return 0
     if pid == 0:
-        os.close(ready_fd)
+        for fd in parents:  # the parent's ends of its pipes
+            if fd >= 0:
+                os.close(fd)
         _worker(listener, told_fd, handle)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
     return pid
@@ -86,6 +148,8 @@ def _worker(listener: socket.socket, told_fd: int, handle: Handler) -> NoReturn:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # idle: nothing to finish
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+        if _learned is not None:
+            _learned.copy()  # while no call waits for this worker
         conn, _ = listener.accept()
         accepted = time.clock_gettime(time.CLOCK_BOOTTIME)
         os.write(told_fd, struct.pack("i", os.getpid()))
@@ -110,4 +174,4 @@ def _child(
     except BaseException:  # noqa: S110 - the dispatcher sees the connection close unanswered
         pass
     finally:
-        os._exit(0)
+        finish(0)

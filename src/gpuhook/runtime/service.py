@@ -17,6 +17,12 @@ credentials, as without the service (the shim's own work runs in the service's).
 shim reports (one line on the caller's stderr and in runc's ``--log``) is replied as
 :data:`~gpuhook.runtime.wire.EXIT`; an unexpected one gets one line of its own and exit code 1.
 A connection closed before any request (``gpuhook doctor``'s probe) is not answered.
+
+``gpuhook runtime serve`` binds the socket in the CLI's process (:func:`start`), then execs the
+service's own process (:func:`main`, ``_service_entry.py``) with the listening socket: the
+workers are forked from an interpreter that holds what a create needs and nothing of the CLI
+(click, yaml, jsonschema and what they load more than doubled the memory each fork copies the
+page tables of and each worker's exit unmaps).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
     from collections.abc import Callable
+    from typing import NoReturn
 
 # What the service imports before it forks, so that a request imports nothing (but pynvml for a
 # lazy inventory refresh, and yaml and jsonschema to compile a config edited since its cache was
@@ -91,16 +98,24 @@ class _Stop(BaseException):
         self.signum = signum
 
 
-def serve(socket_path: str, announce: Callable[[str], None]) -> int:
-    """Listen on ``socket_path`` and serve until SIGTERM or SIGINT; returns that signal's
-    number, after closing and removing the socket. ``announce`` is called with one line once
-    the service accepts. Raises :class:`gpuhook.errors.ServiceError` when it cannot listen.
+def serve(
+    listener: socket.socket,
+    socket_path: str,
+    identity: tuple[int, int],
+    announce: Callable[[str], None],
+) -> int:
+    """Serve on ``listener`` (bound at ``socket_path`` by :func:`listen`, its (device, inode)
+    ``identity``; SIGTERM and SIGINT blocked by the caller) until SIGTERM or SIGINT; return that
+    signal's number, after closing and removing the socket. ``announce`` is called with one line
+    once the service accepts.
 
-    Where the process has not imported structlog (``gpuhook runtime serve`` does not), the shim
-    logs through the same writer as in its own process (:mod:`gpuhook.log`)."""
+    Where the process has not imported structlog (the service's process does not), the shim logs
+    through the same writer as in its own process (:mod:`gpuhook.log`)."""
     import gc
     import signal
     import socket
+
+    from gpuhook.runtime import prefault
 
     def stop(signum: int, _frame: object) -> None:
         raise _Stop(signum)
@@ -108,25 +123,19 @@ def serve(socket_path: str, announce: Callable[[str], None]) -> int:
     _ensure_stdio()
     handled = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
     previous = {sig: signal.getsignal(sig) for sig in handled}
-    held = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, held)  # until the socket is there to remove
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        listener, identity = listen(socket_path)
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
-        raise
-    try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _held())
         preload()
         peer.own()
+        learned = prefault.Learned()  # the pages workers write, learned from them
         gc.collect()
         gc.freeze()  # the children share these pages instead of copying them on collection
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
         announce(f"gpuhook runtime service: listening on {socket_path} (pid {os.getpid()})")
         adopt.flush()  # nothing buffered may reach a child
-        pool.run(listener, _handle)
+        pool.run(listener, _handle, learned)
     except _Stop as stopped:
         return stopped.signum
     finally:
@@ -138,6 +147,102 @@ def serve(socket_path: str, announce: Callable[[str], None]) -> int:
         except OSError:
             pass
         listener.close()
+
+
+def _held() -> set[int]:
+    """SIGTERM and SIGINT: blocked while the socket could not be removed on them."""
+    import signal
+
+    return {signal.SIGTERM, signal.SIGINT}
+
+
+# --- the service's own process -------------------------------------------------------------------
+
+ENTRY = os.path.join(  # the file start() execs
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    locate.SERVICE_ENTRY,
+)
+
+
+def start(socket_path: str, config_file: str | None) -> NoReturn:
+    """``gpuhook runtime serve``: listen on ``socket_path`` in this process (its failures are
+    this process's :class:`~gpuhook.errors.ServiceError`), then exec the service's own process
+    (:func:`main`) with the listening socket and the config file the CLI named (None: the
+    process's ``GPUHOOK_CONFIG`` or the default, as the CLI resolved it). SIGTERM and SIGINT
+    stay blocked across the exec until the service can remove its socket."""
+    import signal
+
+    from gpuhook.errors import ServiceError
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, _held())
+    try:
+        listener, (dev, ino) = listen(socket_path)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _held())
+        raise
+    fd = listener.fileno()
+    argv = [*interpreter(), ENTRY, str(fd), socket_path, f"{dev}:{ino}"]
+    try:
+        os.set_inheritable(fd, True)
+        os.execv(argv[0], [*argv, *([config_file] if config_file else [])])
+    except OSError as exc:
+        _remove_socket(socket_path, (dev, ino))
+        listener.close()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _held())
+        raise ServiceError(
+            f"cannot start the runtime service's process {argv[0]}: {exc.strerror or exc}"
+        ) from None
+
+
+def interpreter() -> list[str]:
+    """The command that started this Python, up to its script: the words of
+    ``/proc/self/cmdline`` before ``sys.argv[0]`` (with a dynamic loader and its options, as
+    ``gpuhook node install``'s /opt/gpuhook starts python3, and the dispatcher's ``-I -S``); else
+    ``sys.executable -I -S``."""
+    try:
+        with open("/proc/self/cmdline", "rb") as fh:
+            words = [os.fsdecode(w) for w in fh.read().split(b"\0")[:-1]]
+    except OSError:
+        words = []
+    if sys.argv and sys.argv[0] in words[1:]:
+        return words[: words.index(sys.argv[0], 1)]
+    return [sys.executable, "-I", "-S"]
+
+
+def main(args: list[str]) -> int:
+    """The service's process, as :func:`start` execs it (``_service_entry.py FD SOCKET
+    DEV:INO [CONFIG]``): serve on the inherited listening socket until SIGTERM or SIGINT, logging
+    its start and stop as the CLI configures logging; an exit code (0 when stopped by a signal)."""
+    import signal
+    import socket
+
+    from gpuhook import __version__, log
+    from gpuhook.config import loading
+    from gpuhook.errors import describe
+
+    fd, socket_path, identity = int(args[0]), args[1], args[2]
+    dev, _, ino = identity.partition(":")
+    listener = socket.socket(fileno=fd)
+    os.set_inheritable(fd, False)
+    try:
+        config = loading.load(args[3] if len(args) > 3 else None)
+    except Exception as exc:
+        _remove_socket(socket_path, (int(dev), int(ino)))
+        listener.close()
+        code, message = describe(exc)
+        sys.stderr.write(f"gpuhook: {message}\n")
+        return code
+    log.configure(config.log_level, config.log_file)
+    logger = log.get_logger(socket=socket_path, pid=os.getpid())
+
+    def announce(line: str) -> None:
+        logger.info("runtime service started", version=__version__, config=config.source)
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    signum = serve(listener, socket_path, (int(dev), int(ino)), announce)
+    logger.info("runtime service stopped", signal=signal.Signals(signum).name)
+    return 0
 
 
 def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:
