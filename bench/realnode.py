@@ -10,9 +10,12 @@ lifecycle (``bench/lifecycle.py``: create with ``--log``/``--pid-file``, start, 
 call timed, interleaved in a shuffled order) on a machine with an NVIDIA driver, for the figures
 a real GPU node gives. The node's gpuhook config must have a refreshed inventory; the bench copies
 it with the runtime service on its own socket (and log level info) and starts that service.
-Cases: a non-GPU container, GPU 0 (``NVIDIA_VISIBLE_DEVICES=0``), GPU 0 in a big image (3,000
-ELF libraries, when a C compiler is at hand) and plain runc on gpuhook's GPU-0 spec (runc's own
-work for the injection). Each runtime's GPU spec must hold ``/dev/nvidia0``, or the bench stops.
+Cases: a non-GPU container, ``make bench``'s leak case (image env ``NVIDIA_VISIBLE_DEVICES=all``,
+Kubernetes CRI annotations, a kubelet checkpoint the bench writes in which other pods hold every
+GPU), GPU 0 (``NVIDIA_VISIBLE_DEVICES=0``), GPU 0 in a big image (3,000 ELF libraries, when a C
+compiler is at hand) and plain runc on gpuhook's GPU-0 spec (runc's own work for the injection).
+Each runtime's GPU spec must hold ``/dev/nvidia0`` and gpuhook's leak-case spec none, or the
+bench stops.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import testbed
 
 CASES = (
     ("nongpu", "non-GPU container"),
+    ("leak", "leak case (env all, k8s, no allocation)"),
     ("gpu1", "GPU 0"),
     ("gpu1big", "GPU 0, big image (3,000 libraries)"),
 )
@@ -55,6 +59,12 @@ def node_config(config: str, work: str, socket: str) -> str:
     state = data.get("state_dir") or "/var/lib/gpuhook"
     inventory["path"] = inventory.get("path") or os.path.join(state, "inventory.json")
     data["state_dir"] = os.path.join(work, "state")
+    with open(inventory["path"]) as fh:
+        gpus = [g["uuid"] for g in json.load(fh).get("gpus", [])]
+    checkpoint = os.path.join(work, "kubelet_internal_checkpoint")  # other pods hold every GPU
+    lc.write_checkpoint(checkpoint, gpus)
+    policy = data.setdefault("policy", {}).setdefault("kubernetes", {})
+    policy["checkpoint"] = checkpoint
     data.setdefault("runtime", {})["service"] = socket
     data.setdefault("log", {})["level"] = "info"
     path = os.path.join(work, "gpuhook.yaml")
@@ -133,19 +143,19 @@ class RealBench:
             testbed.add_libraries(big, lc.BIG_IMAGE_LIBRARIES)
         template = testbed.base_spec(os.path.join(self.work, "spec"))
         for case in self.cases:
-            env = [] if case == "nongpu" else ["NVIDIA_VISIBLE_DEVICES=0"]
+            kw = lc.case_spec_kwargs(case if case != "gpu1big" else "gpu1", {})
             for rt in self.runtimes:
                 fs = big if case == "gpu1big" else rootfs
                 self.bundles[(case, rt.name)] = self._bundle(
-                    f"{case}-{rt.name}", rt, fs, env, template
+                    f"{case}-{rt.name}", rt, fs, kw, template
                 )
         self.edited = self._edited(rootfs, template)
 
     def _bundle(
-        self, name: str, rt: lc.Runtime, rootfs: str, env: list[str], template: dict[str, Any]
+        self, name: str, rt: lc.Runtime, rootfs: str, kw: dict[str, Any], template: dict[str, Any]
     ) -> lc.Bundle:
         path = os.path.join(self.work, "bundles", name)
-        testbed.make_bundle(path, rootfs, args=("/bin/true",), spec_template=template, env=env)
+        testbed.make_bundle(path, rootfs, args=("/bin/true",), spec_template=template, **kw)
         with open(os.path.join(path, "config.json"), "rb") as fh:
             original = fh.read()
         state = os.path.join(self.work, "state", rt.name)
@@ -164,16 +174,24 @@ class RealBench:
             spec = fh.read()
         lc.force_delete(src.runtime, src.state, cid)
         b = self._bundle(
-            "edited-runc", self.runtimes[0], rootfs, ["NVIDIA_VISIBLE_DEVICES=0"], template
+            "edited-runc", self.runtimes[0], rootfs, lc.case_spec_kwargs("gpu1", {}), template
         )
         b.original = spec.replace(src.path.encode(), b.path.encode())
         return b
 
-    def check_gpu_spec(self, b: lc.Bundle) -> None:
+    def check_spec(self, case: str, b: lc.Bundle) -> None:
+        """A GPU case's spec must hold GPU 0's node; gpuhook's leak case must hold none (and
+        ``void``): a runtime that did less is not measured doing the case's work."""
         with open(b.config, "rb") as fh:
             spec = json.loads(fh.read())
         devices = [d.get("path") for d in spec.get("linux", {}).get("devices", []) or []]
-        if "/dev/nvidia0" not in devices:
+        if case == "leak":
+            env = spec.get("process", {}).get("env", [])
+            if b.runtime.name == lc.GPUHOOK and (
+                "NVIDIA_VISIBLE_DEVICES=void" not in env or "/dev/nvidia0" in devices
+            ):
+                raise lc.BenchError(f"gpuhook's leak-case spec grants a GPU: {b.config}")
+        elif "/dev/nvidia0" not in devices:
             raise lc.BenchError(f"{b.runtime.name}'s GPU spec lacks /dev/nvidia0: {b.config}")
 
     def run(self, iterations: int, warmup: int) -> dict[str, dict[str, list[float]]]:
@@ -190,7 +208,7 @@ class RealBench:
                     lc.force_delete(b.runtime, b.state, cid)
                     raise
                 if it == 0 and case != "nongpu" and name != "runc":
-                    self.check_gpu_spec(b)
+                    self.check_spec(case, b)
                 if it >= warmup:
                     samples.setdefault(case, {}).setdefault(name, []).append(
                         create + start + delete

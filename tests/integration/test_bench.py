@@ -110,7 +110,7 @@ def test_realnode_bench_smoke(tmp_path: Path, fake_node_factory: Any) -> None:
     assert "plain runc on gpuhook's GPU-0 spec: median" in run.stdout
     report = json.loads(out.read_text())
     cases = {(r["case"], r["runtime"]) for r in report["cases"]}
-    for case in ("nongpu", "gpu1", "gpu1big"):
+    for case in ("nongpu", "leak", "gpu1", "gpu1big"):
         assert (case, "runc") in cases and (case, "gpuhook") in cases
     assert all(r["n"] == 2 for r in report["cases"]) and report["runc_on_edited_gpu1"]["n"] == 2
     assert list((tmp_path / "work").iterdir()) == []  # the bundles and the service are gone
