@@ -50,8 +50,9 @@ NVIDIA = "nvidia"
 
 
 def node_config(config: str, work: str, socket: str) -> str:
-    """A copy of the node's config with the bench's service socket, log level info, and its
-    own state folder (the decision records' links go there, not among the node's), reading the
+    """A copy of the node's config with the bench's service socket, log level info, its own
+    state folder (the decision records' links go there, not among the node's) and its own kubelet
+    checkpoint (other pods hold every GPU: the leak case's pod has no allocation), reading the
     node's inventory where it is."""
     with open(config) as fh:
         data: dict[str, Any] = yaml.safe_load(fh) or {}
