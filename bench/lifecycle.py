@@ -238,6 +238,22 @@ def lifecycle(bundle: Bundle, container_id: str) -> tuple[float, float, float, f
     return create, start, delete, cpu_create + cpu_start + cpu_init + cpu_delete
 
 
+def take_edited_spec(src: Bundle, dest: Bundle, container_id: str) -> None:
+    """Give ``dest`` (a plain runc bundle) the spec that ``src``'s gpuhook-runtime writes on
+    create (one create, the spec read back, the container deleted), ``src``'s path swapped for
+    ``dest``'s: runc's own share of a GPU container's start is then measured on ``dest``. Raises
+    BenchError when that spec does not name its bundle or lacks the ldcache hook."""
+    src.reset()
+    argv = src.argv("create", "--bundle", src.path, "--pid-file", src.pid_file, container_id)
+    call(src, argv, "create")
+    with open(src.config, "rb") as fh:
+        spec = fh.read()
+    force_delete(src.runtime, src.state, container_id)
+    dest.original = spec.replace(src.path.encode(), dest.path.encode())
+    if dest.original == spec or b"update-ldcache" not in spec:
+        raise BenchError("gpuhook's 1-GPU spec does not name its bundle or lacks its hook")
+
+
 def force_delete(runtime: Runtime, state: str, container_id: str) -> None:
     subprocess.run(
         [runtime.path, "--root", state, "delete", "--force", container_id],
@@ -509,19 +525,9 @@ class Bench:
     def edited_bundle(self) -> Bundle:
         """A runc bundle whose config.json is what gpuhook-runtime wrote for the 1-GPU case
         (its own paths swapped in): one gpuhook create, the spec read back, then delete."""
-        src = self.bundles[("gpu1", GPUHOOK)]
-        cid = self.next_id()
-        src.reset()
-        argv = src.argv("create", "--bundle", src.path, "--pid-file", src.pid_file, cid)
-        call(src, argv, "create")
-        with open(src.config, "rb") as fh:
-            spec = fh.read()
-        force_delete(src.runtime, src.state, cid)
         runc = next(rt for rt in self.runtimes if rt.name == "runc")
         b = self._bundle("edited-runc", runc, "a", case_spec_kwargs("gpu1", self.node_b))
-        b.original = spec.replace(src.path.encode(), b.path.encode())
-        if b.original == spec or b"update-ldcache" not in spec:
-            raise BenchError("gpuhook's 1-GPU spec does not name its bundle or lacks its hook")
+        take_edited_spec(self.bundles[("gpu1", GPUHOOK)], b, self.next_id())
         return b
 
     def _bundle(

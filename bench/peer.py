@@ -92,15 +92,20 @@ def write_peer_config(folder: str, truth: dict[str, Any], runc: str, cdi_hook: s
     """Write the CDI spec and the runtime's config.toml under ``folder``; return the value for
     the peer's ``XDG_CONFIG_HOME``."""
     spec_dir = os.path.join(folder, "cdi")
-    xdg = os.path.join(folder, "xdg")
     os.makedirs(spec_dir, exist_ok=True)
-    os.makedirs(os.path.join(xdg, "nvidia-container-runtime"), exist_ok=True)
     with open(os.path.join(spec_dir, "nvidia.json"), "w") as fh:
         json.dump(cdi_spec(truth, cdi_hook), fh, indent=1)
+    return write_runtime_config(os.path.join(folder, "xdg"), truth["driver_root"], runc, spec_dir)
+
+
+def write_runtime_config(xdg: str, driver_root: str, runc: str, spec_dir: str) -> str:
+    """NVIDIA's ``nvidia-container-runtime/config.toml`` under ``xdg``: CDI mode, the specs in
+    ``spec_dir``, ``runc`` as its runtime; returns ``xdg`` (the peer's ``XDG_CONFIG_HOME``)."""
+    os.makedirs(os.path.join(xdg, "nvidia-container-runtime"), exist_ok=True)
     with open(os.path.join(xdg, "nvidia-container-runtime", "config.toml"), "w") as fh:
         fh.write(
             "[nvidia-container-cli]\n"
-            f'root = "{truth["driver_root"]}"\n'
+            f'root = "{driver_root}"\n'
             "[nvidia-container-runtime]\n"
             'mode = "cdi"\n'
             'log-level = "info"\n'

@@ -37,7 +37,8 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import lifecycle as lc
-import testbed
+import peer
+import testbed  # lifecycle put tools/ on the path
 
 CASES = (
     ("nongpu", "non-GPU container"),
@@ -80,7 +81,6 @@ def nvidia_config(opts: argparse.Namespace, driver_root: str, dev_root: str, wor
     spec_dir = os.path.join(work, "nvidia-cdi")
     xdg = os.path.join(work, "nvidia-xdg")
     os.makedirs(spec_dir)
-    os.makedirs(os.path.join(xdg, "nvidia-container-runtime"))
     argv = [opts.nvidia_ctk, "cdi", "generate", "--output", os.path.join(spec_dir, "nvidia.yaml")]
     argv += ["--driver-root", driver_root, "--dev-root", dev_root]
     argv += ["--nvidia-cdi-hook-path", opts.nvidia_cdi_hook, "--ldconfig-path", "/sbin/ldconfig"]
@@ -91,15 +91,7 @@ def nvidia_config(opts: argparse.Namespace, driver_root: str, dev_root: str, wor
     if out.returncode != 0:
         why = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise lc.BenchError(f"nvidia-ctk cdi generate failed: {why}")
-    with open(os.path.join(xdg, "nvidia-container-runtime", "config.toml"), "w") as fh:
-        fh.write(
-            f'[nvidia-container-cli]\nroot = "{driver_root}"\n'
-            '[nvidia-container-runtime]\nmode = "cdi"\nlog-level = "info"\ndebug = "/dev/null"\n'
-            f'runtimes = ["{opts.runc}"]\n[nvidia-container-runtime.modes.cdi]\n'
-            'default-kind = "nvidia.com/gpu"\nannotation-prefixes = ["cdi.k8s.io/"]\n'
-            f'spec-dirs = ["{spec_dir}"]\n'
-        )
-    return xdg
+    return peer.write_runtime_config(xdg, driver_root, opts.runc, spec_dir)
 
 
 class RealBench:
@@ -165,19 +157,10 @@ class RealBench:
 
     def _edited(self, rootfs: str, template: dict[str, Any]) -> lc.Bundle:
         """Plain runc on the spec gpuhook-runtime wrote for GPU 0 (its bundle path swapped)."""
-        src = self.bundles[("gpu1", lc.GPUHOOK)]
-        cid = self.next_id()
-        src.reset()
-        lc.call(
-            src, src.argv("create", "--bundle", src.path, "--pid-file", src.pid_file, cid), "create"
-        )
-        with open(src.config, "rb") as fh:
-            spec = fh.read()
-        lc.force_delete(src.runtime, src.state, cid)
         b = self._bundle(
             "edited-runc", self.runtimes[0], rootfs, lc.case_spec_kwargs("gpu1", {}), template
         )
-        b.original = spec.replace(src.path.encode(), b.path.encode())
+        lc.take_edited_spec(self.bundles[("gpu1", lc.GPUHOOK)], b, self.next_id())
         return b
 
     def check_spec(self, case: str, b: lc.Bundle) -> None:
