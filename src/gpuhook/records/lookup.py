@@ -16,6 +16,7 @@ import os
 
 from gpuhook import _fastjson
 from gpuhook.errors import AmbiguousIdError, RecordNotFoundError
+from gpuhook.model.frozen import Frozen
 from gpuhook.model.record import Record
 from gpuhook.records.ids import SUFFIX, link_id, link_path, valid_id
 
@@ -39,24 +40,15 @@ STATE_TIMEOUT_S = 10.0
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 
 
-class Entry:
+class Entry(Frozen):
     """One link in the records folder and what it leads to: the record when it is live."""
 
-    def __init__(
-        self,
-        container_id: str,
-        link: str,
-        target: str,
-        state: str,
-        record: Record | None,
-        problem: str = "",
-    ) -> None:
-        self.container_id = container_id
-        self.link = link
-        self.target = target
-        self.state = state
-        self.record = record
-        self.problem = problem
+    container_id: str
+    link: str
+    target: str
+    state: str
+    record: Record | None
+    problem: str = ""
 
 
 def schema() -> dict[str, Any]:
