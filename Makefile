@@ -61,7 +61,7 @@ deb:
 	packaging/deb/build-deb
 
 # dist/gpuhook-node_<version>.tar: the DaemonSet's image (docker-archive, `docker load`), from
-# debootstrap bookworm + the debs of `make deb`; no registry (root; README "Kubernetes install").
+# debootstrap bookworm + the debs of `make deb`; no registry (root; docs/operations.md "The DaemonSet").
 image: deb
 	packaging/image/build-image
 

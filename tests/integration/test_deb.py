@@ -2,7 +2,7 @@
 
 * ``make deb`` in a clean copy of this checkout (no .venv, no build/) gives dist/gpuhook_*.deb
   and dist/python3-nvidia-ml-py_*.deb (from the PyPI sdist whose sha256 is pinned; another file
-  is refused) that lintian passes with no error and no warning beyond the ones README.md
+  is refused) that lintian passes with no error and no warning beyond the ones docs/install.md
   explains.
 * In a fresh Debian 12 root made with debootstrap, ``apt-get install ./dist/*.deb`` pulls the
   dependencies, the installed executables work and ``gpuhook inventory refresh`` reads the fake
@@ -55,7 +55,7 @@ ARCH = subprocess.run(
 MULTIARCH = subprocess.run(
     ["dpkg-architecture", "-qDEB_HOST_MULTIARCH"], capture_output=True, text=True, check=True
 ).stdout.strip()
-# lintian warnings that remain, each explained in README.md ("Installing the Debian package").
+# lintian warnings that remain, each explained in docs/install.md ("Installing the Debian package").
 EXPECTED_LINTIAN_WARNINGS: set[str] = set()
 # What the package installs outside its Python folder (dpkg -c), and what it must never ship.
 INSTALLED = (

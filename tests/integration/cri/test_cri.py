@@ -25,8 +25,8 @@ PCT = "gpuhook.io/mps-active-thread-percentage"
 MIB = 1 << 20
 
 # The io.kubernetes.* annotations containerd 1.6.20's CRI plugin writes into the OCI spec
-# (observed in the bundles' config.json; README "Kubernetes: what containerd 1.6's CRI plugin
-# writes").
+# (observed in the bundles' config.json; docs/kubernetes.md, "Kubernetes: what containerd 1.6's
+# CRI plugin writes").
 SANDBOX_KEYS = {
     "io.kubernetes.cri.container-type",
     "io.kubernetes.cri.sandbox-id",
@@ -149,7 +149,7 @@ def test_pod_sandbox_gets_nothing(k8s: Cri) -> None:
 
 
 def test_annotations_containerd_writes(k8s: Cri) -> None:
-    """The io.kubernetes.* keys of the sandbox's and the container's spec (README)."""
+    """The io.kubernetes.* keys of the sandbox's and the container's spec (docs/kubernetes.md)."""
     p = Pod()
     with k8s.pod(p) as pod:
         cid = pod.container()
