@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 
 from gpuhook import markers
 from gpuhook.config import cache as config_cache
+from gpuhook.config import locate
 from gpuhook.records import execenv
-from gpuhook.runtime import dispatch, locate, runc_argv, wire
+from gpuhook.runtime import dispatch, runc_argv, wire
 from tests import runc_grammar
 from tests.hostguard import session_env
 

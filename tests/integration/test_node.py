@@ -324,7 +324,8 @@ def test_install_then_a_gpu_container_on_the_node_without_python(
     assert len(host.backups()) == 1
     assert containerd_loads(host.containerd_config) == "ok"
     assert not (host.root / "usr/bin/python3").exists()
-    # What docs/operations.md's `kubectl exec POD -- chroot /host /opt/gpuhook/bin/gpuhook inspect node` does.
+    # What docs/operations.md's `kubectl exec POD -- chroot /host /opt/gpuhook/bin/gpuhook inspect
+    # node` does.
     inspect = ["chroot", "/host", "/opt/gpuhook/bin/gpuhook", "inspect", "node", "-o", "json"]
     out = dockerd.docker("exec", NAME, *inspect)
     assert out.returncode == 0, out.stderr

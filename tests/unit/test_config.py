@@ -14,9 +14,9 @@ import yaml
 
 from gpuhook.config import cache as config_cache
 from gpuhook.config import loading as config_loading
+from gpuhook.config import locate
 from gpuhook.config.types import ENV_CACHE_DIR, ENV_DEBUG, Config
 from gpuhook.errors import EXIT_CONFIG, ConfigError
-from gpuhook.runtime import locate
 
 REPO = Path(__file__).resolve().parents[2]
 

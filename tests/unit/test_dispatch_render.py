@@ -13,8 +13,9 @@ import pytest
 
 from gpuhook import markers
 from gpuhook.config import cache as config_cache
+from gpuhook.config import locate
 from gpuhook.pipeline import inject
-from gpuhook.runtime import dispatch, hooks, ldmerge, locate, runc_argv, wire
+from gpuhook.runtime import dispatch, hooks, ldmerge, runc_argv, wire
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -121,7 +121,7 @@ def test_the_pure_core_imports_config_values_and_no_config_io() -> None:
     assert _granted(pure, "gpuhook.config.types") and _granted(pure, "gpuhook.config.units")
     for io_module in ("loading", "cache"):
         assert not _granted(pure, f"gpuhook.config.{io_module}")
-    assert not _granted(pure, "gpuhook.runtime.locate")
+    assert not _granted(pure, "gpuhook.config.locate")
     assert not _granted(_allowed("model"), "gpuhook.config.types")
 
 
@@ -174,3 +174,83 @@ def test_no_module_is_longer_than_600_lines() -> None:
         if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
     ]
     assert long == []
+
+
+# --- no import cycles --------------------------------------------------------------------------
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph(root: Path = SRC) -> dict[str, set[str]]:
+    """Every module under ``root`` -> the modules of that package it imports, at any depth (lazy
+    and ``TYPE_CHECKING`` imports count: a cycle there is still two modules that need each
+    other). ``from pkg import mod`` is an edge to ``pkg.mod``; ``from pkg.mod import name`` to
+    ``pkg.mod``."""
+    paths = {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+
+    def resolve(dotted: str) -> str | None:
+        parts = dotted.split(".")
+        found = (".".join(parts[:i]) for i in range(len(parts), 0, -1))
+        return next((name for name in found if name in paths), None)
+
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        edges: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                edges |= {resolve(f"{node.module}.{alias.name}") for alias in node.names}
+            elif isinstance(node, ast.Import):
+                edges |= {resolve(alias.name) for alias in node.names}
+        graph[name] = {e for e in edges if e is not None and e != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = [stack.pop()]
+            while component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    """Modules read one way: no two need each other, lazy imports included (the configuration
+    does not reach up into the runtime, doctor's checks import what a check is, not doctor)."""
+    assert import_cycles(module_graph()) == []
+
+
+def test_the_cycle_check_catches_a_lazy_cycle(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "a.py").write_text("from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text("def f():\n    from pkg.sub.a import name\n")
+    (package / "c.py").write_text("import pkg.sub.a\n")
+    graph = module_graph(package)
+    assert graph["pkg.c"] == {"pkg.sub.a"}
+    assert import_cycles(graph) == [["pkg.sub.a", "pkg.sub.b"]]

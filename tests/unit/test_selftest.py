@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuhook.config import locate
 from gpuhook.errors import UsageError
 from gpuhook.markers import may_request_gpu
-from gpuhook.runtime import locate
 from gpuhook.selftest import bundle, checks, cuda, lifecycle, report, session
 from tests import factories as f
 

@@ -3,7 +3,8 @@
 :mod:`.cmd_runtime`, :mod:`.cmd_node`, :mod:`.cmd_mps`, :mod:`.cmd_check`) sharing
 :mod:`.base`; the tables of ``inspect`` (:mod:`.tables`, the decisions: :mod:`.decisions`,
 :mod:`.render`) and ``doctor`` (:mod:`.doctor` and its checks: :mod:`.doctor_node`,
-:mod:`.doctor_engines`, :mod:`.doctor_host`). Cold code: ordinary imports.
+:mod:`.doctor_engines`, :mod:`.doctor_host`, which import what a check is from
+:mod:`.doctor_check`). Cold code: ordinary imports.
 
 May import: everything.
 """

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from gpuhook.cli.base import Context, pass_ctx
+from gpuhook.config import locate
 from gpuhook.engines import configure, readers
 from gpuhook.engines.common import DEFAULT_NAME, DEFAULT_RUNTIME_PATH
 from gpuhook.errors import UsageError
-from gpuhook.runtime import locate, service
+from gpuhook.runtime import service
 from gpuhook.runtime.hooks import main as hook_main
 
 if TYPE_CHECKING:

@@ -11,145 +11,47 @@ The checks are in three modules, reported in this order: the node itself
 (:mod:`gpuhook.cli.doctor_node`), what runs containers (:mod:`gpuhook.cli.doctor_engines`) and
 the node's shared state (:mod:`gpuhook.cli.doctor_host`). Each module registers its checks
 ahead of the next one's first (:func:`section`), so the order holds whichever is imported first.
+What a check is (statuses, :class:`Result`, :class:`Node`, :func:`register`) is
+:mod:`gpuhook.cli.doctor_check`, which the check modules import; this module imports them (their
+checks register themselves on import) and re-exports that vocabulary.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
-from gpuhook.config import loading as config_loading
-from gpuhook.engines import readers
-from gpuhook.errors import ConfigError, describe
-from gpuhook.inventory import store
+from gpuhook.cli import doctor_engines, doctor_host, doctor_node
+from gpuhook.cli.doctor_check import (
+    CHECKS,
+    FAIL,
+    PASS,
+    SKIP,
+    STATUSES,
+    WARN,
+    Check,
+    Node,
+    Result,
+    register,
+    section,
+)
+from gpuhook.errors import describe
 
-if TYPE_CHECKING:
-    from gpuhook.config.types import Config
-    from gpuhook.inventory.store import Status
-    from gpuhook.model.inventory import Inventory
-
-CheckFunction = Callable[["Node"], "Result | list[Result]"]
-F = TypeVar("F", bound=CheckFunction)
-
-PASS = "pass"  # noqa: S105 - a status word
-WARN = "warn"
-FAIL = "fail"
-SKIP = "skip"
-STATUSES = (PASS, WARN, FAIL, SKIP)
-
-
-class Result:
-    """One line of the report. ``fix`` says what to do about a failure or warning."""
-
-    def __init__(self, check: str, status: str, message: str, fix: str = "") -> None:
-        if status not in STATUSES:
-            raise ValueError(f"unknown check status {status!r}")
-        self.check = check
-        self.status = status
-        self.message = " ".join(message.split())
-        self.fix = " ".join(fix.split())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "check": self.check,
-            "status": self.status,
-            "message": self.message,
-            "fix": self.fix,
-        }
-
-    def __repr__(self) -> str:
-        return f"Result({self.check!r}, {self.status!r}, {self.message!r}, {self.fix!r})"
-
-
-class Node:
-    """What the checks look at: the config (loaded and validated afresh, not from the cache),
-    the inventory and the engines' configs, each read once."""
-
-    def __init__(
-        self,
-        config_file: str | None = None,
-        *,
-        docker_config: str = readers.DEFAULT_PATHS[readers.DOCKER],
-        containerd_config: str = readers.DEFAULT_PATHS[readers.CONTAINERD],
-        podman_config: str = readers.DEFAULT_PATHS[readers.PODMAN],
-        now: float | None = None,
-    ) -> None:
-        self.config_file = config_file
-        self.engine_paths = {
-            readers.DOCKER: docker_config,
-            readers.CONTAINERD: containerd_config,
-            readers.PODMAN: podman_config,
-        }
-        self.now = time.time() if now is None else now
-        self.config: Config | None = None
-        self.config_error: ConfigError | None = None
-        try:
-            self.config = config_loading.load(config_file, use_cache=False)
-        except ConfigError as exc:
-            self.config_error = exc
-        self._status: Status | None = None
-        self._engines: dict[str, readers.Registration] = {}
-
-    def need_config(self) -> Config:
-        if self.config is None:
-            raise RuntimeError("check registered with needs_config=False used the config")
-        return self.config
-
-    def inventory_status(self) -> Status:
-        if self._status is None:
-            self._status = store.status(self.need_config())
-        return self._status
-
-    def inventory(self) -> Inventory | None:
-        return self.inventory_status().inventory
-
-    def engine(self, engine: str) -> readers.Registration:
-        if engine not in self._engines:
-            self._engines[engine] = readers.read(engine, self.engine_paths[engine])
-        return self._engines[engine]
-
-
-class Check:
-    def __init__(self, name: str, function: CheckFunction, needs_config: bool) -> None:
-        self.name = name
-        self.function = function
-        self.needs_config = needs_config
-
-
-CHECKS: list[Check] = []
-
-
-def register(
-    name: str, *, needs_config: bool = True, before: str | tuple[str, ...] | None = None
-) -> Callable[[F], F]:
-    """Decorator: add a check (or replace the one of that name, in place). ``before`` puts a
-    new check ahead of the named one (of the first registered of several names); otherwise it
-    goes last. ``needs_config``: skipped, with a pointer to the config check, when the config is
-    invalid."""
-    names = (before,) if isinstance(before, str) else before or ()
-
-    def decorate(function: F) -> F:
-        check = Check(name, function, needs_config)
-        for i, existing in enumerate(CHECKS):
-            if existing.name == name:
-                CHECKS[i] = check
-                return function
-        index = next((i for i, c in enumerate(CHECKS) if c.name in names), len(CHECKS))
-        CHECKS.insert(index, check)
-        return function
-
-    return decorate
-
-
-def section(*later: str) -> Callable[..., Callable[[F], F]]:
-    """:func:`register` for one module of checks: each goes ahead of the first check of the
-    later modules (``later``: their first checks' names) already registered, else last."""
-
-    def register_in_section(name: str, *, needs_config: bool = True) -> Callable[[F], F]:
-        return register(name, needs_config=needs_config, before=later)
-
-    return register_in_section
+__all__ = [
+    "CHECKS",
+    "FAIL",
+    "PASS",
+    "SECTIONS",
+    "SKIP",
+    "STATUSES",
+    "WARN",
+    "Check",
+    "Node",
+    "Result",
+    "register",
+    "run",
+    "section",
+    "view",
+]
 
 
 def run(node: Node, checks: list[Check] | None = None) -> list[Result]:
@@ -175,8 +77,5 @@ def view(results: list[Result]) -> dict[str, Any]:
         "checks": [r.to_dict() for r in results],
     }
 
-
-# The checks register themselves on import (their modules import this one's names above).
-from gpuhook.cli import doctor_engines, doctor_host, doctor_node  # noqa: E402
 
 SECTIONS = (doctor_node, doctor_engines, doctor_host)

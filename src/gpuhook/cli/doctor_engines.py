@@ -7,11 +7,12 @@ import os
 import subprocess
 from typing import TYPE_CHECKING
 
-from gpuhook.cli.doctor import FAIL, PASS, SKIP, WARN, Node, Result, section
+from gpuhook.cli.doctor_check import FAIL, PASS, SKIP, WARN, Node, Result, section
+from gpuhook.config import locate
 from gpuhook.engines import cdi, readers
 from gpuhook.errors import CdiError
 from gpuhook.pipeline.inject import ldcache_program
-from gpuhook.runtime import locate, service
+from gpuhook.runtime import service
 
 if TYPE_CHECKING:
     from gpuhook.config.types import Config

@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from gpuhook import _fastjson
-from gpuhook.cli.doctor import FAIL, PASS, SKIP, WARN, Node, Result, section
+from gpuhook.cli.doctor_check import FAIL, PASS, SKIP, WARN, Node, Result, section
 from gpuhook.errors import CheckpointError, GpuhookError
 from gpuhook.mps import admission, daemons
 from gpuhook.pipeline import kubelet, sharing

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from gpuhook.cli.doctor import FAIL, PASS, SKIP, WARN, Node, Result, section
+from gpuhook.cli.doctor_check import FAIL, PASS, SKIP, WARN, Node, Result, section
 from gpuhook.cli.render import age
 from gpuhook.config import loading as config_loading
 from gpuhook.inventory import catalog, devchar, driverroot

@@ -9,10 +9,12 @@ lives"):
 - :mod:`.cache`: the validated JSON copy under ``/run/gpuhook/config`` that the create path
   reads, and the dispatcher's pointer file beside it, with the one rule both trust a file by.
 
-Where the low-level runtime and gpuhook's own programs are found is
-:mod:`gpuhook.runtime.locate`'s. The pure core (:mod:`gpuhook.pipeline`) imports :mod:`.types`
-and :mod:`.units` only.
+- :mod:`.locate`: where the programs the config names are: the low-level runtime
+  (``runtime.path``) and gpuhook's own programs (``hook.path``'s default); it imports nothing of
+  gpuhook.
 
-May import: gpuhook.model, gpuhook.runtime.locate, the top-level modules. This ``__init__`` stays
+The pure core (:mod:`gpuhook.pipeline`) imports :mod:`.types` and :mod:`.units` only.
+
+May import: gpuhook.model, the top-level modules. This ``__init__`` stays
 empty of imports.
 """

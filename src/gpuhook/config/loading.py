@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from gpuhook import __version__
-from gpuhook.config import cache
+from gpuhook.config import cache, locate
 from gpuhook.config.types import (
     DEFAULT_PATH,
     ENV_CONFIG,
@@ -20,7 +20,6 @@ from gpuhook.config.types import (
     Config,
 )
 from gpuhook.errors import ConfigError
-from gpuhook.runtime import locate
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

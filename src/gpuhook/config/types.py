@@ -192,19 +192,34 @@ class Config(Frozen):
     @property
     def hook_path(self) -> str:
         """The hook's program (resolved when a hook is added, not at every load): ``hook.path``,
-        else the ``gpuhook`` beside the running program (:mod:`gpuhook.runtime.locate`)."""
+        else the ``gpuhook`` beside the running program (:mod:`gpuhook.config.locate`)."""
         if self.data["hook"]["path"]:
             return str(self.data["hook"]["path"])
-        from gpuhook.runtime import locate
+        from gpuhook.config import locate
 
         return locate.default_hook_path()[0]
+
+    def require_runtime(self) -> str:
+        """The resolved low-level runtime, or :class:`RuntimeNotFoundError` saying what was
+        searched."""
+        if not self.runtime:
+            from gpuhook.config import locate
+            from gpuhook.errors import RuntimeNotFoundError
+
+            wanted = self.data["runtime"]["path"] or " or ".join(locate.RUNTIME_CANDIDATES)
+            raise RuntimeNotFoundError(
+                f"low-level OCI runtime {wanted} not found (searched PATH and "
+                f"{':'.join(locate.SYSTEM_PATH)}); install runc or set runtime.path in "
+                f"{self.source}"
+            )
+        return self.runtime
 
     @property
     def hook_path_source(self) -> str:
         """Why :attr:`hook_path` is what it is, for doctor."""
         if self.data["hook"]["path"]:
             return f"hook.path in {self.source}"
-        from gpuhook.runtime import locate
+        from gpuhook.config import locate
 
         return locate.default_hook_path()[1]
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuhook.runtime import locate, pool
+from gpuhook.config import locate
+from gpuhook.runtime import pool
 from gpuhook.runtime.wire import EXEC, Request, encode_reply
 
 TYPE_CHECKING = False

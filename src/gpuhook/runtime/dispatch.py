@@ -8,7 +8,7 @@ Each ``@NAME@`` of a template is replaced by text made from the one table that o
 the runc argv grammar (:mod:`gpuhook.runtime.runc_argv`), the GPU markers
 (:mod:`gpuhook.markers`), the cache trust rule and the pointer's place
 (:mod:`gpuhook.config.cache`), the config's file and variables (:mod:`gpuhook.config.types`), the
-entry scripts and the relocation mark (:mod:`gpuhook.runtime.locate`), the exec-env markers'
+entry scripts and the relocation mark (:mod:`gpuhook.config.locate`), the exec-env markers'
 folder, the runtime service's wire constants (:mod:`gpuhook.runtime.wire`), exit codes
 (:mod:`gpuhook.errors`) and the ``hook update-ldcache`` steps and bounds
 (:mod:`gpuhook.runtime.hooks`, :mod:`gpuhook.runtime.ldmerge`, :mod:`gpuhook.inventory.ldcache`).
@@ -29,12 +29,13 @@ import sys
 
 from gpuhook import errors, markers
 from gpuhook.config import cache as config_cache
+from gpuhook.config import locate
 from gpuhook.config.types import DEFAULT_PATH, ENV_CACHE_DIR, ENV_CONFIG, ENV_DEBUG
 from gpuhook.fsutil import atomic_write
 from gpuhook.inventory import ldcache
 from gpuhook.pipeline import inject
 from gpuhook.records import execenv, ids
-from gpuhook.runtime import hooks, ldmerge, locate, ocispec, runc_argv, wire
+from gpuhook.runtime import hooks, ldmerge, ocispec, runc_argv, wire
 
 # The size of the compiled dispatcher's region that holds the interpreter command after
 # locate.DISPATCHER_MARK (see relocate).

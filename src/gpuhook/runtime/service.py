@@ -30,7 +30,8 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuhook.runtime import adopt, locate, peer, pool
+from gpuhook.config import locate
+from gpuhook.runtime import adopt, peer, pool
 from gpuhook.runtime.wire import DECLINE, EXIT, FDS, MAX_REQUEST, Declined, Request, encode_reply
 
 TYPE_CHECKING = False

@@ -134,11 +134,11 @@ def _config_or_none() -> Config | None:
 
 def _runtime(config: Config | None) -> tuple[str, GpuhookError | None]:
     """The low-level runtime to exec, or why there is none."""
-    from gpuhook.runtime import locate
+    from gpuhook.config import locate
 
     if config is not None:
         try:
-            return locate.require_runtime(config), None
+            return config.require_runtime(), None
         except GpuhookError as exc:
             return "", exc
     runtime = locate.resolve_runtime("")

@@ -13,8 +13,8 @@ import os
 import subprocess
 from typing import TYPE_CHECKING
 
+from gpuhook.config import locate
 from gpuhook.model.frozen import Frozen
-from gpuhook.runtime import locate
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

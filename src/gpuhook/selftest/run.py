@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from gpuhook.config import locate
 from gpuhook.errors import GpuhookError
 from gpuhook.inventory import store
-from gpuhook.runtime import locate, service
+from gpuhook.runtime import service
 from gpuhook.selftest import checks, cuda, lifecycle, report, rootfs
 from gpuhook.selftest.mps_check import check_mps
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result

@@ -19,12 +19,12 @@ import tempfile
 import time
 from typing import TYPE_CHECKING
 
+from gpuhook.config import locate
 from gpuhook.config.types import ENV_CONFIG
 from gpuhook.errors import GpuhookError
 from gpuhook.model.frozen import Frozen, _init
 from gpuhook.records import execenv, lookup
 from gpuhook.records.ids import link_path
-from gpuhook.runtime import locate
 from gpuhook.selftest import bundle, lifecycle, rootfs
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result, Timing
 

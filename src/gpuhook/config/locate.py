@@ -3,7 +3,10 @@ runc or crun on PATH and the system folders), and which gpuhook program this pro
 with the ``gpuhook`` beside it that the hook runs when ``hook.path`` is unset.
 
 Host paths only: the engine's argv and environment, never anything of a container. Stdlib only
-(the create path resolves the runtime when the config cache is compiled).
+(the create path resolves the runtime when the config cache is compiled). The configuration's
+lowest module: it imports nothing of gpuhook, so that :mod:`gpuhook.config.loading` (which
+resolves ``runtime.path``) and :mod:`gpuhook.config.types` (``hook.path``'s default) stay below
+the runtime layer that uses them (docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations
@@ -11,13 +14,9 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuhook.errors import RuntimeNotFoundError
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-
-    from gpuhook.config.types import Config
 
 # Where a bare runtime name is looked up besides PATH (an engine may run with a short PATH).
 SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -46,17 +45,6 @@ def resolve_runtime(configured: str) -> str:
         if found and not _is_gpuhook_runtime(found):
             return found
     return ""
-
-
-def require_runtime(config: Config) -> str:
-    """The config's resolved runtime, or :class:`RuntimeNotFoundError` saying what was searched."""
-    if not config.runtime:
-        wanted = config.data["runtime"]["path"] or " or ".join(RUNTIME_CANDIDATES)
-        raise RuntimeNotFoundError(
-            f"low-level OCI runtime {wanted} not found (searched PATH and "
-            f"{':'.join(SYSTEM_PATH)}); install runc or set runtime.path in {config.source}"
-        )
-    return config.runtime
 
 
 def which(name: str) -> str:
