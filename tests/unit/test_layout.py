@@ -1,5 +1,7 @@
 """The package layout is the architecture: imports point one way, as each subpackage's
-``__init__`` docstring says ("May import: ..."), lazy imports included; few top-level modules;
+``__init__`` docstring says ("May import: ..."), lazy imports included; no import cycle; every
+module in one layer (base, core, sources, front ends, CLI: docs/architecture.md, "Layers and
+front ends"), importing down only, and no front end importing another; few top-level modules;
 no long functions."""
 
 from __future__ import annotations
@@ -254,3 +256,151 @@ def test_the_cycle_check_catches_a_lazy_cycle(tmp_path: Path) -> None:
     graph = module_graph(package)
     assert graph["pkg.c"] == {"pkg.sub.a"}
     assert import_cycles(graph) == [["pkg.sub.a", "pkg.sub.b"]]
+
+
+# --- layers and front ends (docs/architecture.md, "Layers and front ends") ---------------------
+
+# Each module's layer is the longest prefix below that names it. Lowest first: a module imports
+# its own layer and the ones below it, never one above (lazy imports included).
+LAYERS: dict[str, tuple[str, ...]] = {
+    # leaves every layer shares: errors, logging, atomic writes, markers, where programs are
+    "base": (
+        *(f"gpuhook.{p.stem}" for p in SRC.glob("*.py") if p.name not in ENTRY_POINTS),
+        "gpuhook",
+        "gpuhook.config",
+        "gpuhook.config.locate",
+    ),
+    # the decision, pure: values, request, policy, edits, the formats it reads
+    "core": (
+        "gpuhook.model",
+        "gpuhook.pipeline",
+        "gpuhook.config.types",
+        "gpuhook.config.units",
+        "gpuhook.inventory.catalog",
+    ),
+    # what a decision reads from the node, each behind runtime/decide's source functions
+    "sources": (
+        "gpuhook.config.loading",
+        "gpuhook.config.cache",
+        "gpuhook.inventory",
+        "gpuhook.mps",
+        "gpuhook.records",
+        "gpuhook.runtime.decide",
+        "gpuhook.runtime.ocispec",
+        "gpuhook.runtime.imagefs",
+        "gpuhook.dra",  # the kubelet's DRA state (issue 35), where it lands as a package
+    ),
+    "front ends": (),  # FRONT_ENDS below
+    # the command line and what only it runs: engine registration, the node installer, selftest
+    "cli": (
+        "gpuhook.cli",
+        "gpuhook.engines",
+        "gpuhook.node",
+        "gpuhook.selftest",
+        "gpuhook.__main__",
+        "gpuhook._cli_entry",
+    ),
+}
+# The ways into the core. Each turns its input into the core's Request and the core's
+# ContainerEdits into its output at one translation point (docs/architecture.md names it, and a
+# docstring of the front end cites that section); no front end imports another.
+FRONT_ENDS: dict[str, tuple[str, ...]] = {
+    "OCI runtime": ("gpuhook.runtime", "gpuhook._shim_entry", "gpuhook._service_entry"),
+    "CDI spec": ("gpuhook.engines.cdi",),
+    "NRI plugin": ("gpuhook.nri",),  # issue 34: declared before it lands
+}
+FRONT_END_CITATION = 'docs/architecture.md, "Layers and front ends"'
+
+
+def _longest_prefix(module: str, table: dict[str, tuple[str, ...]]) -> tuple[str, int]:
+    """The table's entry with the longest prefix of ``module``, and that prefix's length."""
+    found = ("", -1)
+    for name, prefixes in table.items():
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > found[1]:
+                found = (name, len(prefix))
+    return found
+
+
+def layer_of(module: str) -> str:
+    layer, length = _longest_prefix(module, LAYERS)
+    front_length = _longest_prefix(module, FRONT_ENDS)[1]
+    if front_length > length:
+        return "front ends"
+    assert layer, f"{module} is in no layer: name it in test_layout.LAYERS or FRONT_ENDS"
+    return layer
+
+
+def front_end_of(module: str) -> str:
+    return _longest_prefix(module, FRONT_ENDS)[0] if layer_of(module) == "front ends" else ""
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if rank[layer_of(target)] > rank[layer_of(module)]:
+                wrong.append(f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})")
+            ends = (front_end_of(module), front_end_of(target))
+            if all(ends) and ends[0] != ends[1]:
+                wrong.append(f"front end {ends[0]}: {module} imports {target} ({ends[1]})")
+    return wrong
+
+
+def test_layers_import_downward_and_front_ends_not_each_other() -> None:
+    assert layer_violations(module_graph()) == []
+
+
+def test_the_layer_check_catches_a_front_end_importing_another() -> None:
+    graph = {
+        "gpuhook.engines.cdi": {"gpuhook.runtime.shim"},
+        "gpuhook.nri.plugin": {"gpuhook.runtime.decide", "gpuhook.cli.tables"},
+        "gpuhook.pipeline.policy": {"gpuhook.mps.admission"},
+    }
+    assert layer_violations(graph) == [
+        "front end CDI spec: gpuhook.engines.cdi imports gpuhook.runtime.shim (OCI runtime)",
+        "gpuhook.nri.plugin (front ends) imports gpuhook.cli.tables (cli)",
+        "gpuhook.pipeline.policy (core) imports gpuhook.mps.admission (sources)",
+    ]
+    assert layer_of("gpuhook.runtime.decide") == "sources"
+    assert front_end_of("gpuhook.runtime.service") == "OCI runtime"
+
+
+def test_only_runtime_decide_runs_the_core() -> None:
+    """Every front end reaches the decision through ``runtime.decide.run`` (the node's sources
+    bound to ``pipeline.flow.run``): one call of ``flow.run`` in the tree."""
+    callers = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            func = node.func if isinstance(node, ast.Call) else None
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr == "run"
+                and isinstance(func.value, ast.Name)
+                and func.value.id == "flow"
+            ):
+                callers.append(str(path.relative_to(SRC)))
+    assert callers == ["runtime/decide.py"]
+
+
+def test_each_front_end_is_in_the_architecture_and_cites_its_translation_point() -> None:
+    doc = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    section = doc.split("## Layers and front ends", 1)[1].split("\n## ", 1)[0]
+    graph = module_graph()
+    for name, prefixes in FRONT_ENDS.items():
+        assert f"| {name} |" in section, f"docs/architecture.md has no row for {name}"
+        modules = [m for m in graph if front_end_of(m) == name]
+        if not modules:
+            continue  # declared ahead of its code
+        cited = [m for m in modules if FRONT_END_CITATION in _docstring_of(m)]
+        assert cited, f"no module of {name} ({', '.join(prefixes)}) cites {FRONT_END_CITATION}"
+
+
+def _docstring_of(module: str) -> str:
+    parts = module.split(".")[1:]
+    path = SRC.joinpath(*parts).with_suffix(".py")
+    if not path.exists():
+        path = SRC.joinpath(*parts, "__init__.py")
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return " ".join(doc.split())

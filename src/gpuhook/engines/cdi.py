@@ -13,6 +13,10 @@ sockets and gpuhook's ``update-ldcache`` createContainer hook, which here also d
 image's CUDA forward compatibility libraries itself (``--cuda-compat``: no image is known yet).
 The spec is validated against the CDI JSON schema shipped in ``gpuhook/schemas`` and written
 atomically.
+
+The CDI spec front end (docs/architecture.md, "Layers and front ends"): no container, so no
+``Request``; :func:`spec` is its translation point, where the core's edits of every device
+(:func:`common_edits`, :func:`devices`) become CDI ``containerEdits`` (:func:`_cdi_edits`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,15 @@
 """The runtime shim and its hot path: what runs on every container create.
 
+The OCI runtime front end (docs/architecture.md, "Layers and front ends"): the C dispatcher, the
+runtime service and the shim. Its one translation point is :func:`gpuhook.runtime.shim._decide`:
+the bundle's ``config.json`` goes to :func:`gpuhook.runtime.decide.run`, where the core turns the
+spec into its ``Request`` and its ``ContainerEdits`` into the new spec (``pipeline.request.parse``
+and ``pipeline.apply.apply``: the OCI spec is the core's own shape), which the shim writes back.
+:mod:`.decide`, :mod:`.ocispec` and :mod:`.imagefs` are sources every front end may use; no other
+module here may be imported by another front end.
+
 Owns: the runc argv grammar (:mod:`.runc_argv`), the build step that makes the dispatchers from
-gpuhook's tables (:mod:`.dispatch`: the compiled gpuhook-runtime, the sh gpuhook), where the
-low-level runtime and gpuhook's own programs are (:mod:`.locate`), OCI bundle I/O
+gpuhook's tables (:mod:`.dispatch`: the compiled gpuhook-runtime, the sh gpuhook), OCI bundle I/O
 (:mod:`.ocispec`), the shim itself (:mod:`.shim`), the runtime service that runs the shim's
 decisions without an interpreter start per container (:mod:`.service`; its protocol with the
 C dispatcher: :mod:`.wire`; whom it serves: :mod:`.peer`; its worker pool: :mod:`.pool`; the

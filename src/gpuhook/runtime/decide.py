@@ -1,5 +1,10 @@
 """The I/O side of a decision: the real sources handed to the pure pipeline.
 
+The one way into the core for every front end (docs/architecture.md, "Layers and front ends"):
+:func:`run` is the only caller of :func:`gpuhook.pipeline.flow.run`. The OCI runtime's shim,
+``gpuhook inspect spec`` and the NRI plugin call it; their own input and output are converted at
+their translation points, not here.
+
 :func:`gpuhook.pipeline.flow.run` is pure apart from the sources it is given. Here are the ones a
 real create (and ``gpuhook inspect spec``) uses: the inventory file (refreshed lazily when
 missing or stale), the kubelet's device checkpoint, the MPS control daemon's pid file, MPS

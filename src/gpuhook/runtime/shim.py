@@ -250,7 +250,8 @@ def _decide(
     execute: Execute | None,
     caller: int,
 ) -> int:
-    """A GPU request: decide, rewrite the spec, write the record and the exec-env marker."""
+    """A GPU request: decide, rewrite the spec, write the record and the exec-env marker. The OCI
+    runtime front end's translation point (docs/architecture.md, "Layers and front ends")."""
     from gpuhook.records import execenv
     from gpuhook.runtime import decide, ocispec
 
