@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from gpuhook.config import loading as config_loading
 from gpuhook.engines import readers
 from gpuhook.errors import ConfigError
 from gpuhook.inventory import store
+from gpuhook.model import check
 
 if TYPE_CHECKING:
     from gpuhook.config.types import Config
@@ -25,34 +26,9 @@ if TYPE_CHECKING:
 CheckFunction = Callable[["Node"], "Result | list[Result]"]
 F = TypeVar("F", bound=CheckFunction)
 
-PASS = "pass"  # noqa: S105 - a status word
-WARN = "warn"
-FAIL = "fail"
-SKIP = "skip"
-STATUSES = (PASS, WARN, FAIL, SKIP)
-
-
-class Result:
-    """One line of the report. ``fix`` says what to do about a failure or warning."""
-
-    def __init__(self, check: str, status: str, message: str, fix: str = "") -> None:
-        if status not in STATUSES:
-            raise ValueError(f"unknown check status {status!r}")
-        self.check = check
-        self.status = status
-        self.message = " ".join(message.split())
-        self.fix = " ".join(fix.split())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "check": self.check,
-            "status": self.status,
-            "message": self.message,
-            "fix": self.fix,
-        }
-
-    def __repr__(self) -> str:
-        return f"Result({self.check!r}, {self.status!r}, {self.message!r}, {self.fix!r})"
+# The checks' vocabulary: one line of doctor's report (every status) and the statuses.
+Result = check.CheckResult
+PASS, WARN, FAIL, SKIP, STATUSES = check.PASS, check.WARN, check.FAIL, check.SKIP, check.STATUSES
 
 
 class Node:

@@ -5,7 +5,8 @@
 - :mod:`.inventory`: the node (GPUs, MIG devices, device nodes, libraries);
 - :mod:`.decision`: request channels, requests, device references, reasons, decisions;
 - :mod:`.edits`: what gets injected (the CDI ``containerEdits`` shape);
-- :mod:`.record`: a decision record as its readers see it (read once, checked, typed).
+- :mod:`.record`: a decision record as its readers see it (read once, checked, typed);
+- :mod:`.check`: one line of ``doctor``'s and ``selftest``'s reports.
 
 May import: nothing outside this package. This ``__init__`` stays empty of imports.
 """

@@ -7,43 +7,20 @@ from typing import TYPE_CHECKING
 
 from gpuhook.cli.render import check_lines
 from gpuhook.cli.render import table as columns
-from gpuhook.model.frozen import Frozen, _init
+from gpuhook.model import check
+from gpuhook.model.frozen import Frozen
 
 if TYPE_CHECKING:
     from typing import Any
 
-PASS = "pass"  # noqa: S105 - a status word
-FAIL = "fail"
-SKIP = "skip"
+PASS, FAIL, SKIP = check.PASS, check.FAIL, check.SKIP
 STATUSES = (PASS, FAIL, SKIP)
 
 
-class Result(Frozen):
+class Result(check.CheckResult):
     """One line: the check, PASS/FAIL/SKIP, what was seen, and for a failure the fix."""
 
-    check: str
-    status: str
-    message: str
-    fix: str
-
-    def __init__(self, check: str, status: str, message: str, fix: str = "") -> None:
-        if status not in STATUSES:
-            raise ValueError(f"unknown check status {status!r}")
-        _init(
-            self,
-            check=check,
-            status=status,
-            message=" ".join(message.split()),
-            fix=" ".join(fix.split()),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "check": self.check,
-            "status": self.status,
-            "message": self.message,
-            "fix": self.fix,
-        }
+    _statuses = STATUSES
 
 
 class Timing(Frozen):
