@@ -3,10 +3,13 @@
 The facts, from containerd/nri v0.12.0 (``pkg/net/multiplex``) and containerd/ttrpc:
 
 - **The mux.** One unix socket carries logical connections; each write is one frame, an 8-byte
-  header (connection id, payload length: big-endian uint32s) and the payload, split into frames
-  of at most ``MUX_MAX`` bytes. Connection 1 carries the plugin's service (the engine calls the
-  plugin), connection 2 the engine's (the plugin registers). Frames for other connections are
-  dropped. Each connection is a byte stream: a ttrpc message may span frames.
+  header (connection id, payload length: big-endian uint32s) and the payload (at most
+  ``MUX_MAX`` bytes). Connection 1 carries the plugin's service (the engine calls the plugin),
+  connection 2 the engine's (the plugin registers). Frames for other connections are dropped.
+  Each connection is a byte stream: a ttrpc message may span frames. The receiving end hands one
+  frame to one read of ttrpc's reader, whose buffer is 4096 bytes (Go's bufio default), and a
+  frame larger than the read fails it (ENOMEM: containerd closes the plugin, "ttrpc: closed"),
+  so gpuhook sends frames of at most ``SEND_CHUNK`` bytes, as Go's buffered writer does.
 - **ttrpc.** A 10-byte header (payload length and stream id: big-endian uint32s; type, flags:
   one byte each) and a protobuf payload of at most 4 MiB. A request (type 1) carries
   ``ttrpc.Request`` (service, method, payload), its response (type 2, same stream id)
@@ -26,6 +29,7 @@ MUX_HEADER = struct.Struct(">II")
 TTRPC_HEADER = struct.Struct(">IIBB")
 TTRPC_MAX = 4 << 20
 MUX_MAX = TTRPC_HEADER.size + TTRPC_MAX
+SEND_CHUNK = 4096  # what one read of the engine's ttrpc reader takes at least
 
 PLUGIN_CONN = 1  # the plugin's service: the engine calls Configure, CreateContainer, ...
 RUNTIME_CONN = 2  # the engine's service: the plugin calls RegisterPlugin
@@ -55,11 +59,11 @@ class Message(Frozen):
     payload: bytes
 
 
-def mux(conn: int, payload: bytes) -> bytes:
-    """``payload`` framed for mux connection ``conn`` (in frames of at most MUX_MAX bytes)."""
+def mux(conn: int, payload: bytes, chunk_size: int = SEND_CHUNK) -> bytes:
+    """``payload`` framed for mux connection ``conn``, in frames of at most ``chunk_size``."""
     out = bytearray()
-    for start in range(0, max(len(payload), 1), MUX_MAX):
-        chunk = payload[start : start + MUX_MAX]
+    for start in range(0, max(len(payload), 1), chunk_size):
+        chunk = payload[start : start + chunk_size]
         out += MUX_HEADER.pack(conn, len(chunk)) + chunk
     return bytes(out)
 
