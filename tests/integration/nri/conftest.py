@@ -154,6 +154,11 @@ class Containerd2(engines.Daemon):
         text = self.log.read_text(errors="replace")
         return text.count(f'registered as \\"{INDEX}-{PLUGIN}\\"')
 
+    def closings(self) -> int:
+        """How many times containerd saw the plugin's connection close."""
+        text = self.log.read_text(errors="replace")
+        return text.count(f'connection to plugin \\"{INDEX}-{PLUGIN}\\" closed')
+
 
 class PluginProcess:
     """``gpuhook nri`` on the daemon's NRI socket, its stderr in ``<root>/nri-plugin.log``."""

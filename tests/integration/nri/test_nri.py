@@ -9,6 +9,13 @@ checkpoint, RunPodSandbox, CreateContainer, StartContainer), then what the conta
 
 from __future__ import annotations
 
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
 import pytest
 
 from tests.integration.cri.conftest import IMAGE, IMAGE_ALL
@@ -92,3 +99,100 @@ def test_a_container_without_a_request_is_left_alone(nri: NriCri) -> None:
         out = nri.gpuhook("inspect", "container", cid)
     assert seen["dev"] == []
     assert out.returncode != 0  # no GPU marker: no record, as the shim keeps none
+
+
+def _wait(predicate: Callable[[], bool], what: str, nri: NriCri, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what + nri.why()
+        time.sleep(0.1)
+
+
+def test_synchronize_rebuilds_the_records_of_running_containers(nri: NriCri) -> None:
+    """The plugin restarted while a GPU container runs and its record is lost: Synchronize
+    writes it again; a record of a container containerd no longer has is removed."""
+    p = Pod()
+    with nri.pod(p) as pod:
+        cid = pod.container(allocations=grant(nri, p, envvar(nri, nri.uuid(5))))
+        folder = Path(nri.record(cid)["bundle"])
+        stale = folder.parent / ("f" * 64)
+        nri.plugin.kill()
+        shutil.rmtree(folder)
+        shutil.copytree(folder.parent, stale, dirs_exist_ok=True)
+        before = nri.ctd.registrations()
+        nri.plugin.start(wait=False)
+        nri.plugin.wait_registered(before)
+        _wait(lambda: (folder / "gpuhook-decision.json").exists(), "no record rebuilt", nri)
+        record = nri.record(cid)
+    assert record["decision"]["devices"][0]["uuid"] == nri.uuid(5)
+    assert not stale.exists()
+    assert "records_rebuilt=1" in nri.plugin.log.read_text()
+
+
+def test_reconnects_after_a_containerd_restart(nri: NriCri) -> None:
+    before = nri.ctd.registrations()
+    nri.ctd.restart()
+    nri.plugin.wait_registered(before)
+    p = Pod()
+    with nri.pod(p) as pod:
+        seen = pod.probe(pod.container(allocations=grant(nri, p, envvar(nri, nri.uuid(3)))))
+    assert seen["dev"] == gpus(3)
+    assert "the engine closed the NRI connection" in nri.plugin.log.read_text()
+
+
+def test_creates_are_refused_while_the_plugin_is_down_and_resume(nri: NriCri) -> None:
+    """NRI's default validator requires the plugin: killed, a create fails with containerd's
+    line; restarted, the next create gets its GPU."""
+    closed = nri.ctd.closings()
+    nri.plugin.kill()
+    _wait(lambda: nri.ctd.closings() > closed, "containerd did not see the plugin go", nri)
+    p = Pod()
+    with nri.pod(p) as pod:
+        allocations = grant(nri, p, envvar(nri, nri.uuid(1)))
+        with pytest.raises(grpc.RpcError) as refused:
+            pod.container(image=IMAGE_ALL, allocations=allocations)
+        nri.plugin.start()
+        seen = pod.probe(pod.container(image=IMAGE_ALL, allocations=allocations))
+    assert 'required plugin "gpuhook" not present' in str(refused.value)
+    assert seen["dev"] == gpus(1)
+
+
+def test_a_plugin_killed_and_restarted_under_a_create_loop_never_leaks(nri: NriCri) -> None:
+    """Creates of a leak pod and an allocated pod while the plugin is killed and restarted:
+    every create is refused or gets at most its allocation, and creates resume."""
+    p, leak = Pod(name="allocated"), Pod(name="leak")
+    allocations = grant(nri, p, envvar(nri, nri.uuid(4)))
+    stop = threading.Event()
+
+    def flap() -> None:
+        while not stop.is_set():
+            time.sleep(0.7)
+            nri.plugin.kill()
+            time.sleep(0.7)
+            nri.plugin.start(wait=False)
+
+    outcomes: list[tuple[str, list[str]]] = []
+    flapper = threading.Thread(target=flap, daemon=True)
+    flapper.start()
+    try:
+        with nri.pod(p) as granted, nri.pod(leak) as leaking:
+            for i in range(10):
+                pod, owed = (granted, gpus(4)) if i % 2 else (leaking, [])
+                try:
+                    cid = pod.container(name=f"c{i}", image=IMAGE_ALL,
+                                        allocations=allocations if owed else ())  # fmt: skip
+                except grpc.RpcError as exc:
+                    outcomes.append(("refused", [str(exc.details())]))
+                    continue
+                seen = pod.probe(cid)["dev"]
+                assert seen in (owed, []), (i, seen)  # never more than allocated
+                outcomes.append(("created", seen))
+    finally:
+        stop.set()
+        flapper.join(10)
+    nri.plugin.kill()
+    nri.plugin.start()
+    with nri.pod(p) as pod:
+        seen = pod.probe(pod.container(allocations=allocations))
+    assert seen["dev"] == gpus(4), outcomes
+    assert any(o == "refused" for o, _ in outcomes), outcomes
