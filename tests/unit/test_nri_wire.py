@@ -103,13 +103,14 @@ def test_calls_the_plugin_cannot_serve_get_an_error_status(
     assert text in message
 
 
-def test_configure_subscribes_to_create_and_remove_container() -> None:
+def test_configure_subscribes_to_create_stop_and_remove_container() -> None:
     body = api.ConfigureRequest(runtime_name="containerd", runtime_version="v2.3.4")
     msg = wire.Message(1, 1, wire.REQUEST, 0, _request("Configure", body.SerializeToString()))
     _, code, _, payload = _status(_plugin().answer(msg))
     events = api.ConfigureResponse.FromString(payload).events
     assert code == wire.OK
-    assert events == (1 << 3) | (1 << 10)  # NRI: bit (event - 1); CREATE 4, REMOVE 11
+    # one bit per event, bit (event - 1): CreateContainer 4, StopContainer 10, RemoveContainer 11
+    assert events == (1 << 3) | (1 << 9) | (1 << 10)
 
 
 class FakeEngine:

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
     LoadConfig = Callable[[], Config]
 
+CREATED = 1  # NRI's ContainerState
+RUNNING = 3
+
 
 def adjust(
     load_config: LoadConfig,
@@ -118,7 +121,9 @@ def synchronize(
             state.forget(config, gone)
     rebuilt = 0
     for pod, ctr in containers:
+        running = ctr.state in (CREATED, RUNNING)
         if state.has_record(config, ctr.id):
+            state.set_live(config, ctr.id, running)
             continue
         spec = translate.spec_of(pod, ctr, runtime)
         req, _, _ = _parse(lambda: config, spec)
@@ -129,5 +134,5 @@ def synchronize(
         except GpuhookError as exc:
             log("nri synchronize: no decision", container_id=ctr.id, error=str(exc))
             continue
-        rebuilt += not state.write(config, ctr.id, outcome)
+        rebuilt += not state.write(config, ctr.id, outcome, live=running)
     log("nri synchronized", containers=len(containers), records_rebuilt=rebuilt)

@@ -2,9 +2,10 @@
 
 One connection at a time, served by one thread: register (``RegisterPlugin`` with the name
 ``gpuhook`` and a two-digit index: plugins are called in index order), then answer the engine's
-calls in the order they come: ``Configure`` (subscribe to CreateContainer and RemoveContainer),
-``Synchronize`` (the engine's containers: records rebuilt), ``CreateContainer`` (the core's
-decision as an adjustment, or a refusal of one line), ``RemoveContainer`` (its record removed),
+calls in the order they come: ``Configure`` (subscribe to CreateContainer, StopContainer and
+RemoveContainer), ``Synchronize`` (the engine's containers: records rebuilt),
+``CreateContainer`` (the core's decision as an adjustment, or a refusal of one line),
+``StopContainer`` (MPS admission stops counting it), ``RemoveContainer`` (its record removed),
 ``Shutdown``. A call of another method, a payload that does not decode, a request on an even
 stream get a ttrpc error status; a frame over the protocol's limits closes the connection. When
 the engine closes it (a restart), the plugin connects again, with a growing pause, for ever.
@@ -34,7 +35,7 @@ PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 REGISTER_STREAM = 1
 REGISTER_TIMEOUT_S = 5.0
-EVENTS = (1 << (api.CREATE_CONTAINER - 1)) | (1 << (api.REMOVE_CONTAINER - 1))
+EVENTS = sum(1 << (e - 1) for e in (api.CREATE_CONTAINER, api.STOP_CONTAINER, api.REMOVE_CONTAINER))
 RETRY_S = (0.2, 0.5, 1.0, 2.0)
 
 
@@ -242,7 +243,13 @@ class Plugin:
         return api.CreateContainerResponse(adjust=adjust)
 
     def _stop(self, raw: bytes) -> api.StopContainerResponse:
-        api.StopContainerRequest.FromString(raw)
+        req = api.StopContainerRequest.FromString(raw)
+        from gpuhook.nri import state
+
+        try:
+            state.set_live(self.load_config(), req.container.id, live=False)
+        except GpuhookError:
+            pass
         return api.StopContainerResponse()
 
     def _remove(self, raw: bytes) -> api.RemoveContainerResponse:

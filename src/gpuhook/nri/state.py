@@ -6,6 +6,12 @@ cannot live in the bundle as the shim's does. Each GPU-marked container's record
 ``<state_dir>/containers/<id>.json`` as every record is (``gpuhook inspect`` reads them the same
 way). RemoveContainer removes it; Synchronize, at each (re)connection, writes those missing for
 the engine's containers and removes those of containers the engine no longer has.
+
+MPS admission counts a container while its record names a live creator
+(:func:`gpuhook.mps.admission.liveness`); the plugin knows no runtime state folder, so an MPS
+client's record names the plugin itself as its creator from CreateContainer to StopContainer
+(:func:`set_live`), and a restarted plugin names itself again in the records of the running
+containers when it synchronizes.
 """
 
 from __future__ import annotations
@@ -37,14 +43,16 @@ def has_record(config: Config, container_id: str) -> bool:
     return bool(where) and os.path.exists(os.path.join(where, writer.RECORD_NAME))
 
 
-def write(config: Config, container_id: str, decided: Outcome | Request) -> str:
-    """Write the container's record; "" on success, else the one-line failure."""
+def write(config: Config, container_id: str, decided: Outcome | Request, live: bool = True) -> str:
+    """Write the container's record (an MPS client's naming the plugin as its creator while
+    ``live``); "" on success, else the one-line failure."""
     where = folder(config, container_id)
     if not where:
         return f"container id {container_id!r} is not a valid id; no record written"
     try:
         os.makedirs(where, mode=0o755, exist_ok=True)
-        record = writer.build(container_id, where, decided, config=config.source)
+        creator = _me() if live and getattr(decided, "mps", None) is not None else None
+        record = writer.build(container_id, where, decided, config=config.source, creator=creator)
     except Exception as exc:  # a record must never block a container
         return f"record failed: {exc!r}"
     return writer.write(config, container_id, where, record)
@@ -70,3 +78,34 @@ def known(config: Config) -> list[str]:
         return sorted(os.listdir(os.path.join(config.state_dir, FOLDER)))
     except OSError:
         return []
+
+
+def _me() -> dict[str, int] | None:
+    from gpuhook.mps import admission
+
+    return admission.creator(os.getpid())
+
+
+def set_live(config: Config, container_id: str, live: bool) -> None:
+    """Name the plugin as the creator of an MPS client's record (``live``), or no creator (it
+    stopped: MPS admission no longer counts it). Records of no MPS client are left alone."""
+    from gpuhook import _fastjson
+    from gpuhook.fsutil import atomic_write
+
+    path = os.path.join(folder(config, container_id) or "/nonexistent", writer.RECORD_NAME)
+    try:
+        with open(path, "rb") as fh:
+            record = _fastjson.loads(fh.read())
+        if not isinstance(record, dict) or not record.get("mps"):
+            return
+        runtime = record.setdefault("runtime", {})
+        creator = _me() if live else None
+        if runtime.get("creator") == creator:
+            return
+        if creator is None:
+            runtime.pop("creator", None)
+        else:
+            runtime["creator"] = creator
+        atomic_write(path, _fastjson.dumps(record).encode(), 0o644, fsync=False)
+    except (OSError, ValueError):
+        pass

@@ -15,6 +15,9 @@ the spec whose last value an NRI env adjustment would not replace.
 The pod's identity comes from the engine (NRI's pod uid, namespace and name, and the
 container's name): for containerd it is written as containerd's own identity annotations
 (``io.kubernetes.cri.*``, which containerd also writes into the spec), over any value there.
+The pod's ``gpuhook.io/*`` annotations (MPS limits) are added as containerd adds them in
+runtime mode (``pod_annotations``, written by ``gpuhook runtime configure``); a container's own
+annotation of the same key wins, as there.
 NRI shows no capabilities, so a container never counts as privileged here (it gets at most what
 the kubelet allocated to it).
 """
@@ -22,6 +25,7 @@ the kubelet allocated to it).
 from __future__ import annotations
 
 from gpuhook.pipeline.identity import CONTAINER, CONTAINERD, ENGINE_KEYS
+from gpuhook.pipeline.request import GPUHOOK_ANNOTATION_PREFIX
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,7 +60,10 @@ def spec_of(pod: api.PodSandbox, ctr: api.Container, runtime: str = CONTAINERD) 
             "gid": ctr.user.gid,
             "additionalGids": list(ctr.user.additional_gids),
         }
-    annotations = dict(ctr.annotations)
+    annotations = {
+        k: v for k, v in pod.annotations.items() if k.startswith(GPUHOOK_ANNOTATION_PREFIX)
+    }
+    annotations.update(ctr.annotations)
     if runtime == CONTAINERD:
         keys = ENGINE_KEYS[CONTAINERD]
         annotations.update(

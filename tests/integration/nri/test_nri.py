@@ -12,13 +12,13 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from tests.integration.cri.conftest import IMAGE, IMAGE_ALL
+from tests.integration.cri.conftest import IMAGE, IMAGE_ALL, MPS_GPU
 from tests.integration.cri.kubelet import Allocation, Pod
 from tests.integration.nri.conftest import NriCri
 from tests.integration.test_leak_matrix import gpus
@@ -196,3 +196,60 @@ def test_a_plugin_killed_and_restarted_under_a_create_loop_never_leaks(nri: NriC
         seen = pod.probe(pod.container(allocations=allocations))
     assert seen["dev"] == gpus(4), outcomes
     assert any(o == "refused" for o, _ in outcomes), outcomes
+
+
+PCT = "gpuhook.io/mps-active-thread-percentage"
+MIB = 1 << 20
+
+
+@pytest.fixture
+def mps(nri: NriCri) -> Iterator[NriCri]:
+    out = nri.gpuhook("mps", "start")
+    assert out.returncode == 0, out.stderr
+    yield nri
+    nri.gpuhook("mps", "stop")
+
+
+def test_mps_limits_in_the_container_and_in_an_exec(mps: NriCri) -> None:
+    """The MPS-shared GPU, a gpuhook.io/* pod annotation (NRI hands the pod's annotations; no
+    containerd pod_annotations setting): the container's process and an ExecSync'd process
+    have the pipe folder and the limits, with no exec-env marker (the adjustment is part of the
+    spec containerd stores), and MPS admission counts the container until it stops."""
+    p = Pod(annotations={PCT: "30"})
+    with mps.pod(p) as pod:
+        cid = pod.container(allocations=grant(mps, p, envvar(mps, mps.uuid(MPS_GPU))))
+        env = pod.process_env(cid)
+        exec_env = pod.exec_env(cid)
+        seen = pod.probe(cid)
+        running = mps.record(cid)["runtime"]
+        mps.client.stop_container(cid)
+        stopped = mps.record(cid)["runtime"]
+    share = int(mps.node.truth["gpus"][MPS_GPU]["memory"]) // 2 // MIB
+    limits = {
+        "CUDA_MPS_PIPE_DIRECTORY": "/run/gpuhook/mps/pipe",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={share}M",
+    }
+    assert seen["dev"] == gpus(MPS_GPU)
+    assert {k: v for k, v in env.items() if k.startswith("CUDA_MPS_")} == limits
+    assert {k: v for k, v in exec_env.items() if k.startswith("CUDA_MPS_")} == limits
+    assert mps.plugin.proc is not None
+    assert running["creator"]["pid"] == mps.plugin.proc.pid  # counted while it runs
+    assert "creator" not in stopped
+
+
+def test_inspect_pod_explains_each_container(nri: NriCri) -> None:
+    """A pod with an allocated container and one whose image says all: `gpuhook inspect pod`
+    shows both decisions and why, from the plugin's records."""
+    p = Pod(name="explained", namespace="team-a")
+    with nri.pod(p) as pod:
+        main = pod.container(image=IMAGE_ALL, allocations=grant(nri, p, envvar(nri, nri.uuid(1))))
+        side = pod.container(name="side", image=IMAGE_ALL)
+        out = nri.gpuhook("inspect", "pod", "team-a/explained", "-o", "table")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"Pod team-a/explained (uid {p.uid})"
+    granted = next(line for line in lines if main[:12] in line)
+    refused = next(line for line in lines if side[:12] in line)
+    assert "env" in granted and "granted 1" in granted and "verified against the kub" in granted
+    assert "refused" in refused and "no GPU resource is allocated" in refused
