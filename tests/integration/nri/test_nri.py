@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import grpc
+import grpc  # type: ignore[import-untyped]
 import pytest
 
 from tests.integration.cri.conftest import IMAGE, IMAGE_ALL, MPS_GPU
