@@ -11,7 +11,7 @@ import click
 from gpuhook import _fastjson, log
 from gpuhook.cli.base import Context, pass_ctx
 from gpuhook.config import loading as config_loading
-from gpuhook.nri import plugin
+from gpuhook.nri import defaults, plugin
 
 if TYPE_CHECKING:
     from gpuhook.config.types import Config
@@ -22,14 +22,14 @@ if TYPE_CHECKING:
     "--socket",
     "socket_path",
     metavar="PATH",
-    default=plugin.DEFAULT_SOCKET,
+    default=defaults.SOCKET,
     show_default=True,
     help="The engine's NRI socket.",
 )
 @click.option(
     "--index",
     metavar="NN",
-    default=plugin.DEFAULT_INDEX,
+    default=defaults.INDEX,
     show_default=True,
     help="The plugin's two-digit NRI index (plugins are called in index order).",
 )
@@ -40,7 +40,7 @@ def nri_command(obj: Context, socket_path: str, index: str) -> None:
     or its create is refused with one line. Reconnects when the engine restarts. No engine
     runtime registration is needed; see docs/nri.md for the fail-closed configuration."""
     try:
-        plugin.check_index(index)
+        defaults.check_index(index)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--index") from None
     try:
@@ -60,7 +60,7 @@ def nri_command(obj: Context, socket_path: str, index: str) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    _say("nri plugin starting", socket=socket_path, plugin=f"{index}-{plugin.NAME}")
+    _say("nri plugin starting", socket=socket_path, plugin=f"{index}-{defaults.NAME}")
     runner.run_forever(stop=lambda: bool(stopping))
     _say("nri plugin stopped")
 

@@ -17,8 +17,8 @@ import socket
 import time
 
 from gpuhook.errors import GpuhookError, describe
+from gpuhook.nri import defaults, translate, wire
 from gpuhook.nri import nri_api_pb2 as api
-from gpuhook.nri import translate, wire
 from gpuhook.nri import ttrpc_pb2 as ttrpc
 
 TYPE_CHECKING = False
@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
     from gpuhook.config.types import Config
 
-DEFAULT_SOCKET = "/var/run/nri/nri.sock"
-NAME = "gpuhook"
-DEFAULT_INDEX = "10"
+DEFAULT_SOCKET = defaults.SOCKET
+NAME = defaults.NAME
+DEFAULT_INDEX = defaults.INDEX
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 REGISTER_STREAM = 1
@@ -53,9 +53,7 @@ class Closed(Exception):
 
 def check_index(index: str) -> str:
     """NRI's rule: exactly two digits. Raises ValueError."""
-    if len(index) != 2 or not index.isdigit() or not index.isascii():
-        raise ValueError(f"the NRI plugin index must be two digits, not {index!r}")
-    return index
+    return defaults.check_index(index)
 
 
 class Plugin:
