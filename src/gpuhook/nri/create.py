@@ -11,6 +11,8 @@ that cannot be honoured raises one line: the engine fails the create with it.
 
 from __future__ import annotations
 
+import time
+
 from gpuhook.errors import GpuhookError
 from gpuhook.nri import state, translate
 
@@ -69,6 +71,7 @@ def _decide(
 ) -> api.ContainerAdjustment:
     from gpuhook.runtime import decide
 
+    started = time.monotonic()
     ledger = _ledger(config, container_id)
     try:
         admit = ledger or decide.read_only_admission(config)
@@ -87,6 +90,7 @@ def _decide(
         refused=decision.refused,
         kubernetes=req.kubernetes.to_dict() if req.kubernetes else None,
         record_error=unwritten or None,
+        ms=round((time.monotonic() - started) * 1000, 1),
     )
     return answer
 

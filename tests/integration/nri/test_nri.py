@@ -76,6 +76,8 @@ def test_an_allocated_pod_gets_exactly_its_gpu(nri: NriCri) -> None:
     assert env["NVIDIA_VISIBLE_DEVICES"] == exec_env["NVIDIA_VISIBLE_DEVICES"] == nri.uuid(1)
     name = nri.node.truth["gpus"][1]["name"]
     assert seen["smi"] == [f"GPU 0: {name} (UUID: {nri.uuid(1)})", "rc=0"]
+    # gpuhook's createContainer hook ran (NRI added it): the driver's libraries are in the cache
+    assert any(line.startswith("libcuda.so.1 ") for line in seen["ldconfig"]), seen["ldconfig"]
     assert record["decision"]["refused"] is False
     assert record["kubernetes"]["pod_uid"] == p.uid
 
