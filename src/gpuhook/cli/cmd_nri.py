@@ -61,7 +61,10 @@ def nri_command(obj: Context, socket_path: str, index: str) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     _say("nri plugin starting", socket=socket_path, plugin=f"{index}-{defaults.NAME}")
-    runner.run_forever(stop=lambda: bool(stopping))
+    try:
+        runner.run_forever(stop=lambda: bool(stopping))
+    finally:
+        runner.retire()
     _say("nri plugin stopped")
 
 

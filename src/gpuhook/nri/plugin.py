@@ -160,7 +160,25 @@ class Plugin:
         if status.code != wire.OK:
             raise Closed(f"the engine refused the registration: {status.message}")
         self.log("nri registered", plugin=f"{self.index}-{NAME}", socket=self.socket_path)
+        self._announce()
         return True
+
+    def _announce(self) -> None:
+        from gpuhook.nri import state
+
+        try:
+            state.announce(self.load_config(), self.socket_path, f"{self.index}-{NAME}")
+        except GpuhookError:
+            pass
+
+    def retire(self) -> None:
+        """The plugin stops: ``gpuhook doctor`` no longer sees it."""
+        from gpuhook.nri import state
+
+        try:
+            state.retire(self.load_config())
+        except GpuhookError:
+            pass
 
     # --- calls --------------------------------------------------------------------------
 

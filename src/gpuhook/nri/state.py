@@ -24,11 +24,14 @@ from gpuhook.records.ids import link_path, valid_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpuhook.config.types import Config
     from gpuhook.model.decision import Request
     from gpuhook.pipeline.flow import Outcome
 
 FOLDER = "nri"
+STATUS = "nri-plugin.json"  # <state_dir>/nri-plugin.json: the running plugin (gpuhook doctor)
 
 
 def folder(config: Config, container_id: str) -> str:
@@ -109,3 +112,52 @@ def set_live(config: Config, container_id: str, live: bool) -> None:
         atomic_write(path, _fastjson.dumps(record).encode(), 0o644, fsync=False)
     except (OSError, ValueError):
         pass
+
+
+def announce(config: Config, socket: str, plugin: str) -> None:
+    """Say that this process is the node's registered NRI plugin (``gpuhook doctor`` reads it);
+    best effort."""
+    from gpuhook import _fastjson
+    from gpuhook.fsutil import atomic_write
+
+    status = {"pid": os.getpid(), "start": _start(), "socket": socket, "plugin": plugin}
+    try:
+        os.makedirs(config.state_dir, mode=0o755, exist_ok=True)
+        atomic_write(
+            os.path.join(config.state_dir, STATUS), _fastjson.dumps(status).encode(), 0o644
+        )
+    except (OSError, ValueError):
+        pass
+
+
+def retire(config: Config) -> None:
+    """Remove this process's status (when it is this process's)."""
+    path = os.path.join(config.state_dir, STATUS)
+    if (running(config) or {}).get("pid") == os.getpid():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def running(config: Config) -> dict[str, Any] | None:
+    """The status of the NRI plugin that runs now (None when none announced itself or it
+    exited)."""
+    from gpuhook import _fastjson
+    from gpuhook.mps import admission
+
+    try:
+        with open(os.path.join(config.state_dir, STATUS), "rb") as fh:
+            status = _fastjson.loads(fh.read())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(status, dict) or not isinstance(status.get("pid"), int):
+        return None
+    alive = admission.start_time(status["pid"]) == status.get("start")
+    return status if alive else None
+
+
+def _start() -> int | None:
+    from gpuhook.mps import admission
+
+    return admission.start_time(os.getpid())

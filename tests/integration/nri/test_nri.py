@@ -9,6 +9,7 @@ checkpoint, RunPodSandbox, CreateContainer, StartContainer), then what the conta
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -255,3 +256,16 @@ def test_inspect_pod_explains_each_container(nri: NriCri) -> None:
     refused = next(line for line in lines if side[:12] in line)
     assert "env" in granted and "granted 1" in granted and "verified against the kub" in granted
     assert "refused" in refused and "no GPU resource is allocated" in refused
+
+
+def test_doctor_says_the_node_is_in_nri_mode(nri: NriCri) -> None:
+    out = nri.gpuhook("doctor", "--containerd-config", str(nri.ctd.config), "-o", "json")
+    checks = {c["check"]: c for c in json.loads(out.stdout)["checks"]}
+    assert nri.plugin.proc is not None
+    assert checks["nri"]["status"] == "pass", checks["nri"]
+    assert checks["nri"]["message"] == (
+        f"plugin 10-gpuhook (pid {nri.plugin.proc.pid}) on {nri.ctd.nri_socket}; "
+        "containerd requires it (fail closed)"
+    )
+    assert checks["containerd"]["status"] == "pass"
+    assert checks["containerd"]["message"].startswith("NRI mode: gpuhook's NRI plugin 10-gpuhook")
