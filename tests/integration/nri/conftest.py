@@ -214,6 +214,14 @@ class NriCri(Cri):
         self.ctd = daemon
         self.plugin = PluginProcess(self, daemon)
 
+    def configure(self, **sections: Any) -> None:
+        """The CRI suites' config with a state folder of this suite's own (the plugin's records
+        and status stay out of the session's node), the node's inventory file."""
+        inventory = str(self.node.root / "state" / "inventory.json")
+        super().configure(
+            state_dir=str(self.root / "gpuhook-state"), inventory={"path": inventory}, **sections
+        )
+
     def bundle(self, container_id: str) -> Path:
         return self.root / "state" / "io.containerd.runtime.v2.task" / "k8s.io" / container_id
 
