@@ -103,6 +103,7 @@ class Plugin:
     def session(self) -> None:
         """One connection: register, then serve until the engine closes it. Raises Closed,
         OSError (cannot connect), wire.FrameError."""
+        self._warm()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self._sock = sock
         try:
@@ -114,6 +115,17 @@ class Plugin:
         finally:
             self._sock = None
             sock.close()
+
+    def _warm(self) -> None:
+        """Bring the inventory up to date before registering: a create must not pay for an
+        NVML refresh inside NRI's request timeout (2 s, after which the engine drops the
+        plugin). Best effort: a create refreshes it itself when it must."""
+        from gpuhook.runtime import decide
+
+        try:
+            decide.inventory(self.load_config())
+        except GpuhookError as exc:
+            self.log("inventory not ready", error=str(exc))
 
     def close(self) -> None:
         """End the current session (from another thread: a test, a signal)."""
