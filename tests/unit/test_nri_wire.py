@@ -195,3 +195,33 @@ def test_the_generated_messages_run_on_debians_python3_protobuf() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split(" ", 1) == ["4.21.12", "['A=1']\n"]
+
+
+def test_a_split_synchronize_is_collected_and_answered_once() -> None:
+    """NRI splits a large Synchronize into messages with `more` set: each is acknowledged with
+    `more`, and the containers of all of them are handled with the last one."""
+    from gpuhook.errors import ConfigError
+
+    seen: list[Any] = []
+
+    def load() -> Any:
+        seen.append("config read")
+        raise ConfigError("/nonexistent.yaml", "no config here")
+
+    def note(event: str, **_fields: Any) -> None:
+        seen.append(event)
+
+    p = plugin.Plugin("/nonexistent", "10", load_config=load, log=note)
+    first = api.SynchronizeRequest(
+        pods=[api.PodSandbox(id="p")], containers=[api.Container(id="a", pod_sandbox_id="p")],
+        more=True,
+    )  # fmt: skip
+    last = api.SynchronizeRequest(containers=[api.Container(id="b", pod_sandbox_id="p")])
+    replies = []
+    for stream, body in ((1, first), (3, last)):
+        raw = _request("Synchronize", body.SerializeToString())
+        _, code, _, payload = _status(p.answer(wire.Message(1, stream, wire.REQUEST, 0, raw)))
+        assert code == wire.OK
+        replies.append(api.SynchronizeResponse.FromString(payload).more)
+    assert replies == [True, False]
+    assert seen == ["config read", "nri synchronize skipped"]  # once, after the last part

@@ -180,8 +180,8 @@ class Plugin:
 
         try:
             state.announce(self.load_config(), self.socket_path, f"{self.index}-{NAME}")
-        except GpuhookError:
-            pass
+        except Exception as exc:  # best effort: doctor's view, never the plugin's work
+            self.log("nri status not written", error=describe(exc)[1])
 
     def retire(self) -> None:
         """The plugin stops: ``gpuhook doctor`` no longer sees it."""
