@@ -217,7 +217,8 @@ def test_mps_limits_in_the_container_and_in_an_exec(mps: NriCri) -> None:
     """The MPS-shared GPU, a gpuhook.io/* pod annotation (NRI hands the pod's annotations; no
     containerd pod_annotations setting): the container's process and an ExecSync'd process
     have the pipe folder and the limits, with no exec-env marker (the adjustment is part of the
-    spec containerd stores), and MPS admission counts the container until it stops."""
+    spec containerd stores), and MPS admission counts the container until it stops, across a
+    plugin restart (Synchronize)."""
     p = Pod(annotations={PCT: "30"})
     with mps.pod(p) as pod:
         cid = pod.container(allocations=grant(mps, p, envvar(mps, mps.uuid(MPS_GPU))))
@@ -225,6 +226,13 @@ def test_mps_limits_in_the_container_and_in_an_exec(mps: NriCri) -> None:
         exec_env = pod.exec_env(cid)
         seen = pod.probe(cid)
         running = mps.record(cid)["runtime"]
+        assert mps.plugin.proc is not None
+        first = mps.plugin.proc.pid
+        mps.plugin.kill()  # a new plugin counts the running client again when it synchronizes
+        mps.plugin.start()
+        _wait(lambda: mps.record(cid)["runtime"].get("creator", {}).get("pid") != first,
+              "the restarted plugin did not take over the record", mps)  # fmt: skip
+        restarted = mps.record(cid)["runtime"]
         mps.client.stop_container(cid)
         stopped = mps.record(cid)["runtime"]
     share = int(mps.node.truth["gpus"][MPS_GPU]["memory"]) // 2 // MIB
@@ -237,7 +245,8 @@ def test_mps_limits_in_the_container_and_in_an_exec(mps: NriCri) -> None:
     assert {k: v for k, v in env.items() if k.startswith("CUDA_MPS_")} == limits
     assert {k: v for k, v in exec_env.items() if k.startswith("CUDA_MPS_")} == limits
     assert mps.plugin.proc is not None
-    assert running["creator"]["pid"] == mps.plugin.proc.pid  # counted while it runs
+    assert running["creator"]["pid"] == first  # counted while it runs
+    assert restarted["creator"]["pid"] == mps.plugin.proc.pid  # and after a plugin restart
     assert "creator" not in stopped
 
 
