@@ -177,13 +177,25 @@ def test_the_index_is_two_ascii_digits(index: str) -> None:
         plugin.check_index(index)
 
 
-def test_the_generated_messages_run_on_debians_python3_protobuf() -> None:
-    """The .deb runs on Debian 12's python3-protobuf (3.21 / Python 4.21), not the venv's."""
+def test_the_plugin_runs_on_debians_python3_protobuf() -> None:
+    """The .deb runs on Debian 12's python3-protobuf (3.21, Python module 4.21), not the venv's:
+    the plugin answers Configure and a CreateContainer (a container with no GPU request) there."""
     code = (
-        "import google.protobuf as g; from gpuhook.nri import nri_api_pb2 as a;"
-        "m = a.CreateContainerRequest(); m.container.env.append('A=1');"
-        "r = a.CreateContainerRequest.FromString(m.SerializeToString());"
-        "print(g.__version__, list(r.container.env))"
+        "import google.protobuf as g\n"
+        "from gpuhook.nri import nri_api_pb2 as a, plugin, wire, ttrpc_pb2 as t\n"
+        "p = plugin.Plugin('/x', '10', load_config=lambda: None, log=lambda e, **f: None)\n"
+        "def call(method, body, stream):\n"
+        "    raw = t.Request(service=plugin.PLUGIN_SERVICE, method=method,\n"
+        "                    payload=body.SerializeToString()).SerializeToString()\n"
+        "    (m,) = wire.Reader().feed(p.answer(wire.Message(1, stream, 1, 0, raw)))\n"
+        "    return t.Response.FromString(m.payload)\n"
+        "c = call('Configure', a.ConfigureRequest(runtime_name='containerd'), 1)\n"
+        "req = a.CreateContainerRequest(pod=a.PodSandbox(uid='u'),\n"
+        "                               container=a.Container(id='c', env=['PATH=/bin']))\n"
+        "r = call('CreateContainer', req, 3)\n"
+        "adj = a.CreateContainerResponse.FromString(r.payload).adjust\n"
+        "print(g.__version__, a.ConfigureResponse.FromString(c.payload).events,\n"
+        "      r.status.code, adj.ByteSize())\n"
     )
     src = str(plugin.__file__).rsplit("/gpuhook/", 1)[0]
     out = subprocess.run(
@@ -194,7 +206,7 @@ def test_the_generated_messages_run_on_debians_python3_protobuf() -> None:
         check=False,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split(" ", 1) == ["4.21.12", "['A=1']\n"]
+    assert out.stdout.split() == ["4.21.12", str(plugin.EVENTS), "0", "0"]
 
 
 def test_a_split_synchronize_is_collected_and_answered_once() -> None:
