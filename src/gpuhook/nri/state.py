@@ -20,7 +20,7 @@ import os
 import shutil
 
 from gpuhook.records import writer
-from gpuhook.records.ids import link_path, valid_id
+from gpuhook.records.ids import NRI_RECORDS, link_path, valid_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from gpuhook.model.decision import Request
     from gpuhook.pipeline.flow import Outcome
 
-FOLDER = "nri"
+FOLDER = NRI_RECORDS
 STATUS = "nri-plugin.json"  # <state_dir>/nri-plugin.json: the running plugin (gpuhook doctor)
 
 
