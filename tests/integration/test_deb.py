@@ -67,6 +67,8 @@ INSTALLED = (
     "/lib/systemd/system/gpuhook-inventory.service",
     "/lib/systemd/system/gpuhook-inventory.path",
     "/lib/systemd/system/gpuhook-runtime.service",
+    "/lib/systemd/system/gpuhook-nri.service",
+    "/usr/lib/python3/dist-packages/gpuhook/nri/nri_api_pb2.py",
     "/usr/lib/python3/dist-packages/gpuhook/_shim_entry.py",
     "/usr/lib/python3/dist-packages/gpuhook/schemas/config.schema.json",
     "/usr/lib/python3/dist-packages/gpuhook/schemas/cdi.schema.json",

@@ -9,12 +9,16 @@ from typing import TYPE_CHECKING
 
 from gpuhook.cli.doctor_check import FAIL, PASS, SKIP, WARN, Node, Result, section
 from gpuhook.config import locate
-from gpuhook.engines import cdi, readers
+from gpuhook.engines import cdi, containerd_nri, readers
 from gpuhook.errors import CdiError
+from gpuhook.nri import defaults as nri_defaults
+from gpuhook.nri import state as nri_state
 from gpuhook.pipeline.inject import ldcache_program
 from gpuhook.runtime import service
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpuhook.config.types import Config
     from gpuhook.model.inventory import Inventory
 
@@ -104,8 +108,29 @@ def check_hook(node: Node) -> Result:
     return Result("hook", PASS, f"{runs}, with {config.ldconfig}")
 
 
+def _nri_plugin(node: Node) -> dict[str, Any] | None:
+    """The running NRI plugin's status (``gpuhook nri``), None when none runs."""
+    return nri_state.running(node.config) if node.config is not None else None
+
+
+def _nri_mode(node: Node, reg: readers.Registration) -> Result | None:
+    """containerd in NRI mode: gpuhook's plugin runs and no gpuhook runtime is registered."""
+    plugin = _nri_plugin(node) if reg.engine == readers.CONTAINERD else None
+    if plugin is None or not reg.exists or reg.error or reg.gpuhook_runtimes:
+        return None
+    return Result(
+        reg.engine,
+        PASS,
+        f"NRI mode: gpuhook's NRI plugin {plugin.get('plugin')} decides containerd's "
+        f"containers (no runtime registered in {reg.path}; see the nri check)",
+    )
+
+
 def _engine_result(node: Node, engine: str) -> Result:
     reg = node.engine(engine)
+    nri_mode = _nri_mode(node, reg)
+    if nri_mode is not None:
+        return nri_mode
     configure = f"gpuhook runtime configure --runtime {engine} --set-as-default"
     if readers.SERVICE[engine]:  # none for podman: it reads containers.conf on every command
         configure += f", then: systemctl restart {readers.SERVICE[engine]}"
@@ -178,7 +203,7 @@ def check_podman(node: Node) -> Result:
 def check_engines(node: Node) -> list[Result]:
     """Only speaks when nothing registers gpuhook and no engine check failed already."""
     regs = [node.engine(e) for e in readers.ENGINES]
-    if any(r.gpuhook_runtimes for r in regs):
+    if any(r.gpuhook_runtimes for r in regs) or _nri_plugin(node) is not None:
         return []
     if any(r.exists and (r.error or not r.gpuhook_runtimes) for r in regs):
         return []  # that engine's own check failed with its fix
@@ -192,6 +217,35 @@ def check_engines(node: Node) -> list[Result]:
             f"gpuhook runtime configure --runtime {'|'.join(readers.ENGINES)} --set-as-default",
         )
     ]
+
+
+@register("nri")
+def check_nri(node: Node) -> Result:
+    """NRI mode (docs/nri.md): the plugin runs, containerd's NRI is on at its socket, and its
+    default validator requires the plugin (else a plugin that is down fails open)."""
+    plugin = _nri_plugin(node)
+    if plugin is None:
+        return Result("nri", SKIP, "no gpuhook NRI plugin runs (runtime mode)")
+    name = str(plugin.get("plugin", "gpuhook"))
+    where = f"plugin {name} (pid {plugin['pid']}) on {plugin.get('socket')}"
+    path = node.engine_paths[readers.CONTAINERD]
+    settings = containerd_nri.read(path)
+    if settings.error:
+        return Result("nri", WARN, f"{where}; {path}: {settings.error}", f"repair {path}")
+    if not settings.enabled:
+        table = f"[plugins.'{containerd_nri.NRI_PLUGIN}']"
+        fix = f"set disable = false in {table} of {path}, then: systemctl restart containerd"
+        return Result("nri", FAIL, f"{where}, but NRI is disabled in {path}", fix)
+    if not settings.requires(name.partition("-")[2] or name):
+        return Result(
+            "nri",
+            WARN,
+            f"{where}; containerd does not require it: while it is down or restarting, "
+            "containers are created without gpuhook's decision (NRI fails open)",
+            f"in {path}: [plugins.'{containerd_nri.NRI_PLUGIN}'.default_validator] enable = true,"
+            f" required_plugins = ['{nri_defaults.NAME}'], then: systemctl restart containerd",
+        )
+    return Result("nri", PASS, f"{where}; containerd requires it (fail closed)")
 
 
 @register("cdi")

@@ -16,7 +16,7 @@ import time
 from gpuhook.errors import GpuhookError
 from gpuhook.fsutil import temp_base
 from gpuhook.model.frozen import Frozen
-from gpuhook.records.ids import SUFFIX, link_id
+from gpuhook.records.ids import NRI_RECORDS, SUFFIX, link_id
 from gpuhook.records.lookup import (
     DEFAULT_ROOTS,
     DELETED,
@@ -122,7 +122,8 @@ def gc(
         names = sorted(os.listdir(folder))
     except FileNotFoundError:
         return GcReport(folder, dry_run, [], 0)
-    run = _Pass(config.runtime, now, grace_s, dry_run, probe)
+    plugin_records = os.path.join(config.state_dir, NRI_RECORDS) + "/"
+    run = _Pass(config.runtime, now, grace_s, dry_run, probe, plugin_records)
     items: list[GcItem] = []
     live = 0
     for name in names:
@@ -143,6 +144,7 @@ class _Pass(Frozen):
     grace_s: float
     dry_run: bool
     probe: StateProbe
+    plugin_records: str = ""  # <state_dir>/nri/: the NRI plugin's own records
 
 
 LIVE_ITEM = GcItem("", "", False, "alive")  # what _judge returns for a live container
@@ -164,6 +166,9 @@ def _judge(folder: str, name: str, run: _Pass) -> GcItem | None:
         return _remove(link, entry.container_id, why, run.dry_run, expect=entry.target)
     if entry.state == UNREADABLE or entry.record is None:
         return GcItem(entry.container_id, link, False, f"kept: {entry.problem}")
+    if run.plugin_records and entry.target.startswith(run.plugin_records):
+        why = "kept: the NRI plugin's record (it removes it when the engine removes the container)"
+        return GcItem(entry.container_id, link, False, why)
     age = run.now - created_at(entry)
     if age < run.grace_s:
         why = f"kept: created {int(age)}s ago, too recent to judge (--grace {run.grace_s:g})"

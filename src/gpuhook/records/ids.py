@@ -4,6 +4,9 @@ after the id, so an id runc would refuse never becomes a path."""
 import os
 
 SUFFIX = ".json"  # a record link is <records_dir>/<id>.json
+# <state_dir>/nri/<id>/: the records of gpuhook's NRI plugin (gpuhook.nri.state), which it
+# removes itself when the engine removes the container; gc leaves them to it.
+NRI_RECORDS = "nri"
 ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-.")
 MAX_LEN = 1024
 
