@@ -6,7 +6,8 @@ parses from ``config.json``, so that :func:`gpuhook.pipeline.flow.run` decides i
 rule written once. The other turns the core's answer into an NRI container adjustment: the
 difference between that spec and the core's new spec (:func:`gpuhook.pipeline.apply.apply` is
 the one interpreter of edits), in NRI's terms: env set and removed, device nodes (NRI adds
-each one's cgroup rule), mounts added or removed, hooks added.
+each one's cgroup rule), mounts added or removed, hooks added. This module is the NRI
+front end's one translation point (docs/architecture.md, "Layers and front ends").
 
 What NRI cannot express is refused with one line (:class:`Unadjustable`) rather than left
 half done: removing an OCI hook (NRI only adds hooks), or an env variable set more than once in
