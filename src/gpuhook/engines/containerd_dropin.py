@@ -24,6 +24,8 @@ from gpuhook.engines.readers import CRI_PLUGIN
 from gpuhook.errors import RegistrationError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from tomlkit.toml_document import TOMLDocument
 
 
@@ -94,9 +96,13 @@ def containerd_dropin(
     source: str = "config.toml",
     dropin_source: str = "gpuhook.toml",
     new_version: int = 2,
+    base_options: Mapping[str, Any] | None = None,
 ) -> tuple[Edit, Edit]:
-    """(main config edit, drop-in edit). The drop-in of a version-2 config starts from a copy of
-    the main file's CRI section (containerd 1.x replaces whole plugin sections on import)."""
+    """(main config edit, drop-in edit). The drop-in is written at the main file's config
+    version (containerd refuses a drop-in of a higher version than the root file's). The drop-in
+    of a version-2 config starts from a copy of the main file's CRI section (containerd 1.x
+    replaces whole plugin sections on import); one of version 3 or 4 holds only gpuhook's keys,
+    its runtime carrying ``base_options``, runc's options in the merged config."""
     check_name(name)
     main = main_text if main_text and main_text.strip() else new_containerd_text(new_version)
     _doc, plain = toml_load(main, source)
@@ -117,6 +123,7 @@ def containerd_dropin(
         runtime_path=runtime_path,
         set_default=set_default,
         source=dropin_source,
+        base_options=base_options,
     )
     if not (dropin_text and dropin_text.strip()):
         dropin = Edit(dropin.text, True, dropin.notes)
