@@ -158,7 +158,11 @@ def plan(
     drop_in: str | None = None,
     new_version: Callable[[], int] | None = None,
     containerd: str | None = None,
+    dump: bool = True,
 ) -> Plan:
+    """The change to every file involved. containerd: with ``dump``, ``containerd config dump``
+    (of ``containerd``, else the one on PATH) gives runc's merged options and checks the edit
+    once written (:func:`apply`); without, or with no containerd, the edit goes unchecked."""
     if engine not in readers.ENGINES:
         *others, last = readers.ENGINES
         raise UsageError(f"unknown runtime {engine!r} ({', '.join(others)} or {last})")
@@ -184,7 +188,7 @@ def plan(
     if engine in (readers.DOCKER, readers.PODMAN):
         return _single(req, before, _file_edit(req, before))
     version = _version(before, new_version)
-    exe = containerd_dump.binary(containerd)
+    exe = containerd_dump.binary(containerd) if dump else None
     if containerd and exe is None:
         raise UsageError(f"--containerd {containerd!r}: not an executable file")
     if exe is not None and before is not None and action == CONFIGURE and _is_toml(before):
