@@ -246,3 +246,18 @@ def test_a_version_2_config_under_containerd_2(node2: Node2, tmp_path: Path, dro
     assert config.read_text() == fixture.read_text()
     assert not dropin.exists()
     assert json.dumps(tomllib.loads(config.read_text()))  # still TOML
+
+
+def test_a_new_config_for_containerd_2(node2: Node2, tmp_path: Path) -> None:
+    """No config.toml yet: gpuhook writes one of version 3 (the containerd given is 2.x), which
+    that containerd's dump reads with gpuhook as the default runtime."""
+    config = tmp_path / "config.toml"
+    out = node2.node.gpuhook(
+        "runtime", "configure", "--runtime", "containerd", "--config", str(config),
+        "--containerd", str(node2.bin_dir / "containerd"), "--set-as-default",
+        "--runtime-path", testbed.RUNTIME, env=node2.env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert config.read_text().startswith("version = 3\n")
+    assert f"wrote {config} (new file)" in out.stdout.splitlines()
+    assert "as the default runtime" in out.stdout

@@ -187,10 +187,10 @@ def plan(
     before = read_text(path)
     if engine in (readers.DOCKER, readers.PODMAN):
         return _single(req, before, _file_edit(req, before))
-    version = _version(before, new_version)
     exe = containerd_dump.binary(containerd) if dump else None
     if containerd and exe is None:
         raise UsageError(f"--containerd {containerd!r}: not an executable file")
+    version = _version(before, new_version or (lambda: containerd_major(exe or "containerd")))
     if exe is not None and before is not None and action == CONFIGURE and _is_toml(before):
         req = req.replace(base_options=tuple(_merged_runc_options(exe, path).items()))
     if drop_in is None:
