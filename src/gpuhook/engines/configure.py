@@ -191,33 +191,31 @@ def plan(
     if containerd and exe is None:
         raise UsageError(f"--containerd {containerd!r}: not an executable file")
     version = _version(before, new_version or (lambda: containerd_major(exe or "containerd")))
-    if exe is not None and before is not None and action == CONFIGURE and _is_toml(before):
-        req = req.replace(base_options=tuple(_merged_runc_options(exe, path).items()))
-    if drop_in is None:
+    return _containerd_plan(req, before, version, exe)
+
+
+def _containerd_plan(req: _Request, before: str | None, version: int, exe: str | None) -> Plan:
+    """containerd's plan, with runc's merged options and the check of :func:`apply` when
+    ``exe`` (a containerd) is given."""
+    configured = req.action == CONFIGURE
+    if exe is not None and before is not None and configured and _is_toml(before):
+        req = req.replace(base_options=tuple(_merged_runc_options(exe, req.path).items()))
+    if req.drop_in is None:
         p = _single(req, before, _containerd_edit(req, before, version))
-    elif action == CONFIGURE:
-        p = _dropin_configure(req, drop_in, before, version)
+    elif configured:
+        p = _dropin_configure(req, req.drop_in, before, version)
     else:
-        p = _dropin_unconfigure(req, drop_in, before)
+        p = _dropin_unconfigure(req, req.drop_in, before)
     if not p.changed:
         return p
     if exe is None:
-        return p.replace(
-            notes=(
-                *p.notes,
-                "containerd not found (--containerd PATH): the edit is not checked with "
-                "`containerd config dump`",
-            )
+        unchecked = (
+            "containerd not found (--containerd PATH): the edit is not checked with "
+            "`containerd config dump`"
         )
-    configured = action == CONFIGURE
-    check = DumpCheck(
-        exe,
-        path,
-        req.name if configured else "",
-        req.runtime_path,
-        req.set_default,
-        req.base_options,
-    )
+        return p.replace(notes=(*p.notes, unchecked))
+    name = req.name if configured else ""
+    check = DumpCheck(exe, req.path, name, req.runtime_path, req.set_default, req.base_options)
     return p.replace(check=check)
 
 
