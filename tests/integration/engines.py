@@ -147,12 +147,21 @@ class Dockerd(Daemon):
 
 
 class Containerd(Daemon):
-    def __init__(self, root: Path, config_file: Path, env: Mapping[str, str]) -> None:
+    """A private containerd: Debian's 1.6 (/usr/bin), or the one in ``bin_dir`` (containerd
+    2.x, tests/integration/containerd2.py), whose shim comes first on the daemon's PATH."""
+
+    def __init__(
+        self, root: Path, config_file: Path, env: Mapping[str, str], bin_dir: Path | None = None
+    ) -> None:
         super().__init__("containerd", root)
         self.socket = root / "containerd.sock"
+        self.binary = str(bin_dir / "containerd") if bin_dir else CONTAINERD
+        self.ctr_binary = str(bin_dir / "ctr") if bin_dir else CTR
+        if bin_dir:
+            env = {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
         self.start(
             [
-                CONTAINERD,
+                self.binary,
                 "--config",
                 str(config_file),
                 "--root",
@@ -171,7 +180,7 @@ class Containerd(Daemon):
 
     def ctr(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [CTR, "--address", str(self.socket), *args],
+            [self.ctr_binary, "--address", str(self.socket), *args],
             capture_output=True,
             text=True,
             env={"PATH": BASE_PATH},

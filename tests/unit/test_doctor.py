@@ -132,6 +132,16 @@ def test_containerd_imports(tmp_path: Path) -> None:
     assert reg2.default == "runc"
 
 
+def test_containerd_reader_refuses_a_drop_in_of_a_higher_version(tmp_path: Path) -> None:
+    """NVIDIA/aicr#1688: a version-4 drop-in under a version-2 root stops containerd 2.x."""
+    (tmp_path / "99-nvidia.toml").write_text("version = 4\n")
+    reg = read("containerd", tmp_path, f'version = 2\nimports = ["{tmp_path}/*.toml"]\n')
+    assert reg.error == (
+        f"import {tmp_path}/99-nvidia.toml: config version 4 is higher than this file's (2): "
+        "containerd 2.x refuses to start"
+    )
+
+
 # --- the registry and the command --------------------------------------------------------------
 
 
@@ -400,3 +410,55 @@ def test_the_checks_are_reported_in_one_order_whichever_module_comes_first(first
     )
     assert out.stdout.strip() == ",".join(c.name for c in doctor.CHECKS)
     assert doctor.CHECKS[0].name == "config" and doctor.CHECKS[-1].name == "kubelet checkpoint"
+
+
+@pytest.mark.parametrize(
+    ("sample", "version"),
+    [
+        ("containerd-2.0-v3.toml", "config version 3: containerd 2.0-2.2; 2.3 migrates it"),
+        ("containerd-2.3.4-default.toml", "config version 4: containerd 2.3+"),
+    ],
+)
+def test_doctor_reads_containerd_2x_configs(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    sample: str,
+    version: str,
+) -> None:
+    """containerd 2.x's configs (version 3, and 4 as 2.3.4's `config default` writes it):
+    unregistered, registered but not the default, the default."""
+    monkeypatch.setenv("GPUHOOK_CONFIG", str(paper_node(tmp_path)))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no containerd to check the edit with
+    config = tmp_path / "config.toml"
+    text = (Path(__file__).parents[1] / "fixtures" / "registration" / sample).read_text()
+    config.write_text(text.replace("imports = ['/etc/containerd/conf.d/*.toml']", "imports = []"))
+    args = (
+        "--docker-config", str(tmp_path / "none.json"), "--containerd-config", str(config),
+        "--podman-config", str(tmp_path / "none.conf"),
+    )  # fmt: skip
+    status, rest = containerd_line(capsys, args)
+    assert status == "fail" and rest.startswith(f"{config} does not register gpuhook-runtime")
+    assert f"({version})" in rest
+    configure = ["runtime", "configure", "--runtime", "containerd", "--config", str(config)]
+    assert commands.run([*configure, "--runtime-path", RUNTIME]) == 0
+    status, rest = containerd_line(capsys, args)
+    assert status == "warn"
+    assert rest.startswith(
+        f"runtime gpuhook -> {RUNTIME} is registered in {config}, but the default runtime is runc"
+    )
+    assert commands.run([*configure, "--runtime-path", RUNTIME, "--set-as-default"]) == 0
+    capsys.readouterr()
+    assert containerd_line(capsys, args) == (
+        "pass",
+        f"runtime gpuhook -> {RUNTIME} is the default in {config} ({version})",
+    )
+
+
+def containerd_line(capsys: pytest.CaptureFixture[str], args: tuple[str, ...]) -> tuple[str, str]:
+    capsys.readouterr()
+    commands.run(["doctor", "--output", "json", *args])
+    [check] = [
+        c for c in json.loads(capsys.readouterr().out)["checks"] if c["check"] == "containerd"
+    ]
+    return check["status"], check["message"]

@@ -319,18 +319,8 @@ def test_containerd_tables_declared_out_of_order() -> None:
     assert not removed_lines(text, edit.text)
     assert not r.containerd_configure(edit.text, set_default=True).changed
     undone = r.containerd_unconfigure(edit.text)
-    assert tomllib.loads(undone.text) == {
-        **tomllib.loads(text),
-        "plugins": {
-            "io.containerd.grpc.v1.cri": {
-                **at(tomllib.loads(text), "plugins", "io.containerd.grpc.v1.cri"),
-                "containerd": {
-                    **at(tomllib.loads(text), *CRI2),
-                    "default_runtime_name": "runc",
-                },
-            }
-        },
-    }
+    assert undone.text == text  # no default_runtime_name before: none after
+    assert undone.notes == ("removed CRI runtime gpuhook", "default runtime: gpuhook -> runc")
 
 
 def test_containerd_updates_an_existing_gpuhook_runtime_in_place() -> None:
@@ -410,7 +400,7 @@ def test_containerd_v3_uses_the_cri_runtime_plugin_and_the_files_quotes() -> Non
     [
         ("version = 2\n[plugins\n", "malformed TOML:"),
         ('[plugins.cri]\nsandbox_image = "x"\n', "no 'version = 2' (containerd 1.x) or"),
-        ("version = 1\n", "version: config version 1 is not supported (2 or 3)"),
+        ("version = 1\n", "version: config version 1 is not supported (2, 3 or 4)"),
         ('version = "2"\n', "version: config version '2' is not supported"),
         ("version = 2\nplugins = 1\n", "plugins: must be a table"),
         (
@@ -533,3 +523,93 @@ def test_containerd_v3_notes_say_where_cdi_specs_must_be() -> None:
     assert data["plugins"]["io.containerd.cri.v1.runtime"]["cdi_spec_dirs"] == ["/srv/cdi"]
     off = custom.replace("cdi_spec_dirs = ['/srv/cdi']", "enable_cdi = false")
     assert r.containerd_configure(off).notes[-1].startswith("CDI: enable_cdi is off")
+
+
+# --- containerd 2.3 (config version 4) and undo byte for byte -------------------------------
+
+V4 = (SAMPLES / "containerd-2.3.4-default.toml").read_text()  # `containerd config default`, 2.3.4
+
+
+def test_containerd_v4_default_config_of_2_3_4() -> None:
+    edit = r.containerd_configure(V4, set_default=True)
+    assert removed_lines(V4, edit.text) == ["      default_runtime_name = 'runc'"]
+    data = tomllib.loads(edit.text)
+    assert at(data, *CRI3, "default_runtime_name") == "gpuhook"
+    runtime = at(data, *CRI3, "runtimes", "gpuhook")
+    assert runtime["runtime_type"] == "io.containerd.runc.v2"
+    assert runtime["options"] == {
+        **at(data, *CRI3, "runtimes", "runc", "options"),
+        "BinaryName": RT,
+    }
+    assert r.containerd_unconfigure(edit.text).text == V4
+
+
+@pytest.mark.parametrize("sample", [V2, V3, V4])
+def test_containerd_undo_restores_a_file_without_default_runtime_name(sample: str) -> None:
+    """containerd's default is runc when the key is absent; undo leaves it absent."""
+    text = "\n".join(line for line in sample.split("\n") if "default_runtime_name" not in line)
+    edit = r.containerd_configure(text, set_default=True)
+    data = tomllib.loads(edit.text)
+    cri = CRI2 if sample is V2 else CRI3
+    assert at(data, *cri, "default_runtime_name") == "gpuhook"
+    [line] = [x for x in added_lines(text, edit.text) if "default_runtime_name" in x]
+    assert line.endswith(
+        "default_runtime_name = "
+        + ('"gpuhook"' if cri == CRI2 else "'gpuhook'")
+        + "  # gpuhook runtime configure: added"
+    )
+    undone = r.containerd_unconfigure(edit.text)
+    assert undone.text == text
+    assert undone.notes == ("removed CRI runtime gpuhook", "default runtime: gpuhook -> runc")
+
+
+def test_containerd_undo_gives_back_another_default_runtime() -> None:
+    text = V3.replace("default_runtime_name = 'runc'", "default_runtime_name = 'crun'")
+    edit = r.containerd_configure(text, set_default=True)
+    assert removed_lines(text, edit.text) == ["      default_runtime_name = 'crun'"]
+    assert (
+        "      default_runtime_name = 'gpuhook'  # gpuhook runtime configure: was 'crun'"
+        in edit.text.splitlines()
+    )
+    undone = r.containerd_unconfigure(edit.text)
+    assert undone.text == text
+    assert undone.notes[-1] == "default runtime: gpuhook -> crun"
+
+
+def test_containerd_undo_of_a_default_table_it_added() -> None:
+    text = (
+        "version = 3\n"
+        "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n"
+        "  SystemdCgroup = true\n"
+    )
+    edit = r.containerd_configure(text, set_default=True)
+    mark = "  # gpuhook runtime configure: added"
+    assert edit.text.endswith(
+        f"\n[plugins.'io.containerd.cri.v1.runtime'.containerd]{mark}\n"
+        f"  default_runtime_name = 'gpuhook'{mark}\n"
+    )
+    assert r.containerd_unconfigure(edit.text).text == text
+
+
+def test_containerd_base_options_of_the_merged_config_win() -> None:
+    """runc's options as `containerd config dump` shows them (a drop-in may set them) win over
+    the file's; zero values the file does not list stay out, SystemdCgroup always in."""
+    base = {"SystemdCgroup": False, "Root": "/srv/runc", "CriuPath": "", "IoUid": 0}
+    edit = r.containerd_configure(V3, set_default=True, base_options=base)
+    options = at(tomllib.loads(edit.text), *CRI3, "runtimes", "gpuhook", "options")
+    assert options["SystemdCgroup"] is False and options["Root"] == "/srv/runc"
+    assert "CriuPath" not in options and options["IoUid"] == 0  # IoUid: listed by the file
+    _main, dropin = r.containerd_dropin(
+        V3, None, set_default=True, dropin_source=DROPIN, base_options=base
+    )
+    options = at(tomllib.loads(dropin.text), *CRI3, "runtimes", "gpuhook", "options")
+    assert options == {"BinaryName": RT, "SystemdCgroup": False, "Root": "/srv/runc"}
+
+
+def test_dropin_undo_removes_an_imports_key_it_added() -> None:
+    text = V3.replace("imports = []\n", "")
+    main, _ = r.containerd_dropin(text, None, set_default=True, dropin_source=DROPIN)
+    assert added_lines(text, main.text) == [
+        f'imports = ["{DROPIN}"]  # gpuhook runtime configure: added'
+    ]
+    assert r.containerd_remove_import(main.text, DROPIN).text == text

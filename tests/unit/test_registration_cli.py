@@ -16,6 +16,15 @@ SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "registration"
 RT = "/usr/bin/gpuhook-runtime"
 
 
+@pytest.fixture(autouse=True)
+def _no_containerd_on_path(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's containerd (1.6 here, maybe none in CI) must not check these files:
+    tests/unit/test_registration_dump.py gives the check a containerd of its own."""
+    monkeypatch.setenv("PATH", str(tmp_path_factory.mktemp("empty-path")))
+
+
 def gpuhook(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = run(list(args))
     out, err = capsys.readouterr()

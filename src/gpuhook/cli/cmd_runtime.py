@@ -53,6 +53,13 @@ def _engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 metavar="PATH",
                 help="containerd: keep gpuhook's runtime in this file, imported by --config.",
             ),
+            click.option(
+                "--containerd",
+                "containerd_bin",
+                metavar="PATH",
+                help="containerd: the containerd whose `config dump` reads the merged config "
+                "before the edit and checks it after (default: containerd on PATH).",
+            ),
             click.option("--dry-run", is_flag=True, help="Print the diff; write nothing."),
         )
     ):
@@ -78,6 +85,7 @@ def runtime_configure(
     engine_config: str | None,
     runtime_name: str,
     drop_in: str | None,
+    containerd_bin: str | None,
     dry_run: bool,
     set_as_default: bool,
     runtime_path: str,
@@ -93,6 +101,7 @@ def runtime_configure(
         runtime_path=runtime_path,
         set_default=set_as_default,
         drop_in=drop_in,
+        containerd=containerd_bin,
     )
     if not locate.which(runtime_path):  # an absolute path (configure.plan checked)
         click.echo(
@@ -106,7 +115,12 @@ def runtime_configure(
 @runtime_group.command("unconfigure")
 @_engine_options
 def runtime_unconfigure(
-    engine: str, engine_config: str | None, runtime_name: str, drop_in: str | None, dry_run: bool
+    engine: str,
+    engine_config: str | None,
+    runtime_name: str,
+    drop_in: str | None,
+    containerd_bin: str | None,
+    dry_run: bool,
 ) -> None:
     """Remove what `runtime configure` added; runc becomes the default again if gpuhook was."""
 
@@ -116,6 +130,7 @@ def runtime_unconfigure(
         config_path=engine_config,
         name=runtime_name,
         drop_in=drop_in,
+        containerd=containerd_bin,
     )
     _report_plan(plan, dry_run, "is not registered")
 

@@ -126,7 +126,28 @@ def _nri_mode(node: Node, reg: readers.Registration) -> Result | None:
     )
 
 
+# What a containerd config version says about the containerd that reads it.
+CONTAINERD_VERSIONS = {
+    2: "config version 2: containerd 1.x; 2.x migrates it",
+    3: "config version 3: containerd 2.0-2.2; 2.3 migrates it",
+    4: "config version 4: containerd 2.3+",
+}
+
+
 def _engine_result(node: Node, engine: str) -> Result:
+    result = _registration_result(node, engine)
+    version = node.engine(engine).version
+    if engine != readers.CONTAINERD or version not in CONTAINERD_VERSIONS or result.status == SKIP:
+        return result
+    return Result(
+        result.check,
+        result.status,
+        f"{result.message} ({CONTAINERD_VERSIONS[version]})",
+        result.fix,
+    )
+
+
+def _registration_result(node: Node, engine: str) -> Result:
     reg = node.engine(engine)
     nri_mode = _nri_mode(node, reg)
     if nri_mode is not None:

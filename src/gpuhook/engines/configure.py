@@ -16,10 +16,11 @@ import os
 import shutil
 import subprocess
 import time
+import tomllib
 from typing import TYPE_CHECKING
 
 from gpuhook import log
-from gpuhook.engines import readers, registration
+from gpuhook.engines import containerd_dump, readers, registration
 from gpuhook.errors import RegistrationError, UsageError
 from gpuhook.fsutil import atomic_write
 from gpuhook.model.frozen import Frozen, _init
@@ -44,12 +45,26 @@ class FileChange(Frozen):
         return self.before != self.after
 
 
+class DumpCheck(Frozen):
+    """What ``containerd config dump`` must show once the files are written: gpuhook's runtime
+    (and the default, ``set_default``) with runc's ``options``; for an undo, only that the
+    config still loads (``name`` "")."""
+
+    containerd: str
+    config: str
+    name: str
+    runtime_path: str
+    set_default: bool
+    options: tuple[tuple[str, object], ...]
+
+
 class Plan(Frozen):
     engine: str
     action: str
     changes: tuple[FileChange, ...]
     notes: tuple[str, ...]
     service: str
+    check: DumpCheck | None = None
 
     @property
     def changed(self) -> bool:
@@ -105,6 +120,7 @@ class _Request(Frozen):
     runtime_path: str
     set_default: bool
     drop_in: str | None
+    base_options: tuple[tuple[str, object], ...] = ()
 
     def __init__(
         self,
@@ -116,6 +132,7 @@ class _Request(Frozen):
         runtime_path: str,
         set_default: bool,
         drop_in: str | None,
+        base_options: tuple[tuple[str, object], ...] = (),
     ) -> None:
         _init(
             self,
@@ -126,6 +143,7 @@ class _Request(Frozen):
             runtime_path=runtime_path,
             set_default=set_default,
             drop_in=drop_in,
+            base_options=base_options,
         )
 
 
@@ -139,7 +157,12 @@ def plan(
     set_default: bool = False,
     drop_in: str | None = None,
     new_version: Callable[[], int] | None = None,
+    containerd: str | None = None,
+    dump: bool = True,
 ) -> Plan:
+    """The change to every file involved. containerd: with ``dump``, ``containerd config dump``
+    (of ``containerd``, else the one on PATH) gives runc's merged options and checks the edit
+    once written (:func:`apply`); without, or with no containerd, the edit goes unchecked."""
     if engine not in readers.ENGINES:
         *others, last = readers.ENGINES
         raise UsageError(f"unknown runtime {engine!r} ({', '.join(others)} or {last})")
@@ -164,12 +187,56 @@ def plan(
     before = read_text(path)
     if engine in (readers.DOCKER, readers.PODMAN):
         return _single(req, before, _file_edit(req, before))
-    version = _version(before, new_version)
-    if drop_in is None:
-        return _single(req, before, _containerd_edit(req, before, version))
-    if action == CONFIGURE:
-        return _dropin_configure(req, drop_in, before, version)
-    return _dropin_unconfigure(req, drop_in, before)
+    exe = containerd_dump.binary(containerd) if dump else None
+    if containerd and exe is None:
+        raise UsageError(f"--containerd {containerd!r}: not an executable file")
+    version = _version(before, new_version or (lambda: containerd_major(exe or "containerd")))
+    return _containerd_plan(req, before, version, exe)
+
+
+def _containerd_plan(req: _Request, before: str | None, version: int, exe: str | None) -> Plan:
+    """containerd's plan, with runc's merged options and the check of :func:`apply` when
+    ``exe`` (a containerd) is given."""
+    configured = req.action == CONFIGURE
+    if exe is not None and before is not None and configured and _is_toml(before):
+        req = req.replace(base_options=tuple(_merged_runc_options(exe, req.path).items()))
+    if req.drop_in is None:
+        p = _single(req, before, _containerd_edit(req, before, version))
+    elif configured:
+        p = _dropin_configure(req, req.drop_in, before, version)
+    else:
+        p = _dropin_unconfigure(req, req.drop_in, before)
+    if not p.changed:
+        return p
+    if exe is None:
+        unchecked = (
+            "containerd not found (--containerd PATH): the edit is not checked with "
+            "`containerd config dump`"
+        )
+        return p.replace(notes=(*p.notes, unchecked))
+    name = req.name if configured else ""
+    check = DumpCheck(exe, req.path, name, req.runtime_path, req.set_default, req.base_options)
+    return p.replace(check=check)
+
+
+def _is_toml(text: str) -> bool:
+    """Whether ``text`` parses (else the edit refuses it with its own line, before any dump)."""
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return False
+    return True
+
+
+def _merged_runc_options(containerd: str, path: str) -> dict[str, object]:
+    """runc's options as containerd reads the current config (root file and drop-ins)."""
+    try:
+        merged = containerd_dump.dump(containerd, path)
+    except containerd_dump.DumpError as exc:
+        raise RegistrationError(
+            f"{path}: {exc}: containerd cannot load the config as it is; nothing written"
+        ) from None
+    return containerd_dump.runc_options(merged)
 
 
 def _version(before: str | None, new_version: Callable[[], int] | None) -> int:
@@ -211,6 +278,7 @@ def _containerd_edit(req: _Request, before: str | None, version: int) -> registr
             set_default=req.set_default,
             source=req.path,
             new_version=version,
+            base_options=dict(req.base_options),
         )
     return registration.containerd_unconfigure(before, name=req.name, source=req.path)
 
@@ -226,6 +294,7 @@ def _dropin_configure(req: _Request, drop_in: str, before: str | None, version: 
         source=req.path,
         dropin_source=drop_in,
         new_version=version,
+        base_options=dict(req.base_options),
     )
     changes = (_change(req.path, before, main_edit), _change(drop_in, dropin_before, dropin_edit))
     notes = tuple(f"{req.path}: {n}" for n in main_edit.notes) + tuple(
@@ -277,7 +346,78 @@ def backup_path(path: str, now: float | None = None) -> str:
 
 
 def apply(p: Plan) -> list[str]:
-    """Back up and write every changed file; return one line per file written or removed."""
+    """Back up and write every changed file; then, for containerd, check the result with
+    ``containerd config dump`` and restore every file (backups removed) when containerd would
+    not read what was meant. Returns one line per file written or removed (and the check)."""
+    written: list[_Written] = []
+    try:
+        lines = _write(p, written)
+        if p.check is not None:
+            lines.append(_check(p.check))
+    except (RegistrationError, OSError) as exc:
+        _restore(written)
+        if not isinstance(exc, RegistrationError):
+            raise
+        raise RegistrationError(f"{exc}; every file restored as it was, nothing changed") from None
+    return lines
+
+
+def _check(check: DumpCheck) -> str:
+    try:
+        merged = containerd_dump.dump(check.containerd, check.config)
+    except containerd_dump.DumpError as exc:
+        raise RegistrationError(f"{check.config}: after the edit, {exc}") from None
+    if not check.name:
+        return f"checked: {check.containerd} config dump loads {check.config}"
+    found = containerd_dump.problems(
+        merged, check.name, check.runtime_path, check.set_default, dict(check.options)
+    )
+    if found:
+        raise RegistrationError(
+            f"{check.config}: after the edit, containerd config dump shows {found[0]}"
+        )
+    default = " as the default runtime" if check.set_default else ""
+    return (
+        f"checked: {check.containerd} config dump reads runtime {check.name} -> "
+        f"{check.runtime_path}{default}"
+    )
+
+
+# What _write did to one file: the change, its backup ("" when none), the folders it created.
+_Written = tuple[FileChange, str, tuple[str, ...]]
+
+
+def _restore(written: list[_Written]) -> None:
+    """Put back every file :func:`_write` changed; remove the backups and folders it made."""
+    for change, saved, folders in reversed(written):
+        if change.before is None:
+            if os.path.lexists(change.path):
+                os.unlink(change.path)
+        else:
+            mode = os.stat(saved).st_mode & 0o7777
+            atomic_write(change.path, change.before.encode("utf-8"), mode)
+        if saved:
+            os.unlink(saved)
+        for folder in folders:  # deepest first
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
+
+
+def _new_folders(folder: str) -> tuple[str, ...]:
+    """The folders that making ``folder`` creates, deepest first."""
+    out: list[str] = []
+    while folder and not os.path.isdir(folder):
+        out.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return tuple(out)
+
+
+def _write(p: Plan, written: list[_Written]) -> list[str]:
     lines: list[str] = []
     logger = log.get_logger(engine=p.engine, action=p.action)
     for change in p.changes:
@@ -291,10 +431,14 @@ def apply(p: Plan) -> list[str]:
             atomic_write(saved, change.before.encode("utf-8"), mode)
         if change.after is None:
             os.unlink(change.path)
+            written.append((change, saved, ()))
             lines.append(f"removed {change.path} (saved as {saved})")
         else:
-            os.makedirs(os.path.dirname(change.path) or ".", mode=0o755, exist_ok=True)
+            folder = os.path.dirname(change.path) or "."
+            folders = _new_folders(folder)
+            os.makedirs(folder, mode=0o755, exist_ok=True)
             atomic_write(change.path, change.after.encode("utf-8"), mode)
+            written.append((change, saved, folders))
             lines.append(
                 f"wrote {change.path}"
                 + (f" (previous file saved as {saved})" if saved else " (new file)")

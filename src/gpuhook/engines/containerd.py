@@ -1,6 +1,6 @@
 """Register gpuhook-runtime with containerd (pure: text in, text out).
 
-``config.toml`` (config version 2 for containerd 1.x, 3 for containerd 2.x) gets a CRI runtime
+``config.toml`` (config version 2 for containerd 1.x, 3 or 4 for containerd 2.x) gets a CRI runtime
 ``<name>`` of type ``io.containerd.runc.v2`` whose options are those of the existing ``runc``
 runtime (``SystemdCgroup`` and the rest) plus ``BinaryName = <runtime path>``, and, as the
 default, ``default_runtime_name = <name>``. The runtime also lets through the annotations gpuhook
@@ -22,7 +22,10 @@ Registration leaves both keys as they are and its notes say where the CDI spec m
 there.
 
 Unconfiguring removes the runtime, and, where ``<name>`` was the default, gives the default back
-to runc: ``default_runtime_name = "runc"`` (what ``containerd config default`` writes).
+as it was: runc, another runtime, or no ``default_runtime_name`` at all (the line and its marker
+comment: :mod:`gpuhook.engines.containerd_default`), so that the file is byte for byte the one
+configure read. ``base_options`` are runc's options in the merged config (``containerd config
+dump``: :mod:`gpuhook.engines.containerd_dump`), which a new runtime carries over the file's.
 Malformed input raises :class:`gpuhook.errors.RegistrationError` with one line. Reading the
 file, writing in its style and checking an edit are :mod:`gpuhook.engines.containerd_toml`'s.
 """
@@ -30,12 +33,12 @@ file, writing in its style and checking an edit are :mod:`gpuhook.engines.contai
 from __future__ import annotations
 
 import copy
-import re
 from typing import TYPE_CHECKING, Any
 
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
+from gpuhook.engines import containerd_default as cdefault
 from gpuhook.engines import containerd_toml as ctoml
 from gpuhook.engines.common import (
     DEFAULT_NAME,
@@ -50,6 +53,8 @@ from gpuhook.engines.readers import CRI_PLUGIN, cdi_settings
 from gpuhook.errors import RegistrationError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from tomlkit.items import Table
     from tomlkit.toml_document import TOMLDocument
 
@@ -61,9 +66,14 @@ POD_ANNOTATIONS = ("gpuhook.io/*",)
 
 
 def _wanted_runtime(
-    runtimes: dict[str, Any], name: str, runtime_path: str
+    runtimes: dict[str, Any],
+    name: str,
+    runtime_path: str,
+    base: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], str]:
-    """The runtime table gpuhook wants, and where its options come from (for the notes)."""
+    """The runtime table gpuhook wants, and where its options come from (for the notes).
+    ``base``: the options of runc as the merged config has them (root file and drop-ins,
+    ``containerd config dump``), which win over this file's."""
     current = runtimes.get(name)
     if isinstance(current, dict):
         table = copy.deepcopy(current)
@@ -76,6 +86,9 @@ def _wanted_runtime(
             origin = f"options copied from runtime {RUNC}"
         else:
             origin = f"no runtime {RUNC} to copy options from"
+        if base:
+            table["options"] = carried(table.get("options", {}), base)
+            origin = f"options copied from runtime {RUNC} of the merged config"
     table["runtime_type"] = RUNC_TYPE
     options = table.setdefault("options", {})
     options["BinaryName"] = runtime_path
@@ -89,15 +102,37 @@ def _wanted_runtime(
     return table, origin
 
 
+# Carried from the merged config even at its zero value: the cgroup driver must match the
+# kubelet's, and a reader of the file should see which one gpuhook's runtime uses.
+ALWAYS_CARRIED = frozenset({"SystemdCgroup"})
+
+
+def carried(own: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a new runtime gets: this file's runc options (``own``), each replaced by the
+    merged config's value (``base``), plus the merged config's other options that are not zero
+    values (a dump lists every option; an absent one is its zero value anyway)."""
+    out = copy.deepcopy(dict(own))
+    for key, value in base.items():
+        if key in out or key in ALWAYS_CARRIED or value not in ("", 0, False, [], {}):
+            out[key] = copy.deepcopy(value)
+    out.pop("BinaryName", None)
+    return out
+
+
 def _plain_configure(
-    plain: dict[str, Any], version: int, name: str, runtime_path: str, set_default: bool
+    plain: dict[str, Any],
+    version: int,
+    name: str,
+    runtime_path: str,
+    set_default: bool,
+    base: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = ctoml.plain(plain)
     node = out
     for key in ctoml.cri_path(version):
         node = node.setdefault(key, {})
     runtimes = node.setdefault("runtimes", {})
-    runtimes[name], _ = _wanted_runtime(runtimes, name, runtime_path)
+    runtimes[name], _ = _wanted_runtime(runtimes, name, runtime_path, base)
     if set_default:
         node["default_runtime_name"] = name
     return out
@@ -126,19 +161,27 @@ def _runtime_snippet(
     return "\n".join(lines) + "\n"
 
 
-def _option_items(source_options: Any, runtime_path: str, quote: str) -> list[tuple[str, str]]:
+def _option_items(
+    source_options: Any, runtime_path: str, quote: str, base: Mapping[str, Any] | None = None
+) -> list[tuple[str, str]]:
     """(key, rendered value) for the new runtime's options: the source's own text for each
-    copied option (so its style survives), BinaryName set to gpuhook-runtime."""
+    copied option (so its style survives) unless the merged config's ``base`` says otherwise,
+    then ``base``'s other options, BinaryName set to gpuhook-runtime."""
+    own = source_options.unwrap() if source_options is not None else {}
+    base = carried(own, base) if base else {}
     items: list[tuple[str, str]] = []
     seen = False
-    if source_options is not None:
-        for key, value in source_options.items():
-            if key == "BinaryName":
-                items.append((key, ctoml.toml_string(runtime_path, quote)))
-                seen = True
-            else:
-                rendered = value.as_string() if hasattr(value, "as_string") else None
-                items.append((ctoml.toml_key(key), rendered or ctoml.toml_value(value, quote)))
+    for key, value in source_options.items() if source_options is not None else ():
+        if key == "BinaryName":
+            items.append((key, ctoml.toml_string(runtime_path, quote)))
+            seen = True
+        elif key in base and not ctoml.same(base[key], own.get(key)):
+            items.append((ctoml.toml_key(key), ctoml.toml_value(base.pop(key), quote)))
+        else:
+            base.pop(key, None)
+            rendered = value.as_string() if hasattr(value, "as_string") else None
+            items.append((ctoml.toml_key(key), rendered or ctoml.toml_value(value, quote)))
+    items += [(ctoml.toml_key(k), ctoml.toml_value(v, quote)) for k, v in base.items()]
     if not seen:
         items.insert(0, ("BinaryName", ctoml.toml_string(runtime_path, quote)))
     return items
@@ -150,22 +193,22 @@ def _edit_runtime(
     version: int,
     name: str,
     runtime_path: str,
-    set_default: bool,
+    base: Mapping[str, Any] | None,
 ) -> Table | None:
-    """Apply the runtime (and the default) to a tomlkit document, in the file's style. Returns
-    the runtime table when it was added."""
+    """Apply the runtime to a tomlkit document, in the file's style (the default is set as
+    text: :mod:`.containerd_default`). Returns the runtime table when it was added."""
     cri_keys = ctoml.cri_path(version)
     q = ctoml.quote(text, CRI_PLUGIN[version])
     added: Table | None = None
     runtimes = ctoml.tk_ensure(doc, (*cri_keys, "runtimes"))
     current = ctoml.tk_get(runtimes, name)
     plain_runtimes = ctoml.plain(runtimes.unwrap())
-    wanted, _ = _wanted_runtime(plain_runtimes, name, runtime_path)
+    wanted, _ = _wanted_runtime(plain_runtimes, name, runtime_path, base)
     if current is None:
         runc = ctoml.tk_get(runtimes, RUNC)
         runc_options = ctoml.tk_get(runc, "options") if runc is not None else None
         snippet = _runtime_snippet(
-            text, version, name, wanted, _option_items(runc_options, runtime_path, q)
+            text, version, name, wanted, _option_items(runc_options, runtime_path, q, base)
         )
         parsed = ctoml.tk_table(tomlkit.parse(snippet), (*cri_keys, "runtimes", name))
         runtimes.raw_append(name, parsed)
@@ -187,11 +230,6 @@ def _edit_runtime(
                 for pattern in wanted[key]:
                     if pattern not in list(have):
                         have.append(ctoml.tk_string(pattern, q))
-    if set_default:
-        cri = ctoml.tk_table(doc, cri_keys)
-        if cri is None or ctoml.tk_get(cri, "default_runtime_name") != name:
-            cri = ctoml.tk_ensure(doc, cri_keys)
-            cri["default_runtime_name"] = ctoml.tk_string(name, q)
     return added
 
 
@@ -208,9 +246,12 @@ def containerd_configure(
     set_default: bool = False,
     source: str = "config.toml",
     new_version: int = 2,
+    base_options: Mapping[str, Any] | None = None,
 ) -> Edit:
     """Add (or update) the CRI runtime ``<name>`` and, with ``set_default``, make it the default.
-    ``new_version`` is the config version of a file that does not exist yet."""
+    ``new_version`` is the config version of a file that does not exist yet; ``base_options``
+    the options of runc in the merged config (``containerd config dump``), carried by a new
+    runtime over this file's own."""
     check_name(name)
     original = text or ""
     if not original.strip():
@@ -219,22 +260,27 @@ def containerd_configure(
     doc, plain = toml_load(text, source)
     version = ctoml.config_version(plain, source)
     ctoml.check_shape(plain, version, name, source)
-    expected = _plain_configure(plain, version, name, runtime_path, set_default)
-    notes = _configure_notes(plain, version, name, runtime_path, set_default)
+    expected = _plain_configure(plain, version, name, runtime_path, set_default, base_options)
+    notes = _configure_notes(plain, version, name, runtime_path, set_default, base_options)
     if original and ctoml.same(plain, expected):
         return Edit(original, False, notes)
+    q = ctoml.quote(text, CRI_PLUGIN[version])
     try:
-        added = _edit_runtime(doc, text, version, name, runtime_path, set_default)
+        added = _edit_runtime(doc, text, version, name, runtime_path, base_options)
         new = tomlkit.dumps(doc)
         if added is not None:
             new = _separate_block(new, version, name)
         new = ctoml.space_new_headers(text, new)
+        if set_default:
+            new = cdefault.set_default(new, version, name, q, source)
     except (TOMLKitError, AttributeError, TypeError, KeyError, ValueError):
         new = ""
     if not ctoml.parses_as(new, expected):
         # tomlkit 0.11 mishandles some layouts (tables declared out of order): fall back to
         # plain text edits, which the same check must accept.
-        new = _text_configure(text, plain, version, name, runtime_path, set_default, source)
+        new = _text_configure(text, plain, version, name, runtime_path, base_options, source)
+        if set_default:
+            new = cdefault.set_default(new, version, name, q, source)
     ctoml.verify(new, expected, source)
     return Edit(new, True, notes + cdi_notes(plain, version))
 
@@ -282,12 +328,17 @@ def _separate_block(text: str, version: int, name: str) -> str:
 
 
 def _configure_notes(
-    plain: dict[str, Any], version: int, name: str, runtime_path: str, set_default: bool
+    plain: dict[str, Any],
+    version: int,
+    name: str,
+    runtime_path: str,
+    set_default: bool,
+    base: Mapping[str, Any] | None,
 ) -> tuple[str, ...]:
     notes: list[str] = []
     cri = ctoml.walk(plain, ctoml.cri_path(version), "") or {}
     runtimes = cri.get("runtimes") or {}
-    wanted, origin = _wanted_runtime(runtimes, name, runtime_path)
+    wanted, origin = _wanted_runtime(runtimes, name, runtime_path, base)
     current = runtimes.get(name)
     if current is None:
         notes.append(f"added CRI runtime {name} ({RUNC_TYPE}, BinaryName {runtime_path}; {origin})")
@@ -309,19 +360,16 @@ def _configure_notes(
     return tuple(notes)
 
 
-_DEFAULT_LINE = re.compile(r"^(\s*default_runtime_name\s*=\s*)([\"'])([^\"']*)\2(.*)$")
-
-
 def _text_configure(
     text: str,
     plain: dict[str, Any],
     version: int,
     name: str,
     runtime_path: str,
-    set_default: bool,
+    base: Mapping[str, Any] | None,
     source: str,
 ) -> str:
-    """The same edit as plain text: append the runtime table, set the default in place."""
+    """The same runtime edit as plain text: append the runtime table."""
     cri = ctoml.walk(plain, ctoml.cri_path(version), source) or {}
     runtimes = cri.get("runtimes") or {}
     if name in runtimes:
@@ -330,31 +378,11 @@ def _text_configure(
             f"(remove it with `gpuhook runtime unconfigure` first)"
         )
     q = ctoml.quote(text, CRI_PLUGIN[version])
-    wanted, _ = _wanted_runtime(runtimes, name, runtime_path)
-    runc_options = (runtimes.get(RUNC) or {}).get("options")
-    items = [
-        (ctoml.toml_key(k), ctoml.toml_value(v, q))
-        for k, v in (runc_options or {}).items()
-        if k != "BinaryName"
-    ]
+    wanted, _ = _wanted_runtime(runtimes, name, runtime_path, base)
+    options = {k: v for k, v in wanted["options"].items() if k != "BinaryName"}
+    items = [(ctoml.toml_key(k), ctoml.toml_value(v, q)) for k, v in options.items()]
     items.insert(0, ("BinaryName", ctoml.toml_string(runtime_path, q)))
     lines = text.rstrip("\n").split("\n")
-    if set_default and cri.get("default_runtime_name") != name:
-        found = [i for i, line in enumerate(lines) if _DEFAULT_LINE.match(line)]
-        headers = [i for i, line in enumerate(lines) if ctoml.header_re(version, "").match(line)]
-        if len(found) == 1:
-            m = _DEFAULT_LINE.match(lines[found[0]])
-            if m is not None:
-                lines[found[0]] = f"{m.group(1)}{ctoml.toml_string(name, q)}{m.group(4)}"
-        elif not found and len(headers) == 1:
-            lines.insert(headers[0] + 1, f"  default_runtime_name = {ctoml.toml_string(name, q)}")
-        else:
-            plugin = CRI_PLUGIN[version]
-            lines += [
-                "",
-                f"[plugins.{q}{plugin}{q}.containerd]",
-                f"  default_runtime_name = {ctoml.toml_string(name, q)}",
-            ]
     snippet = _runtime_snippet("", version, name, wanted, items)
     if q == "'":
         snippet = snippet.replace(f'"{CRI_PLUGIN[version]}"', f"'{CRI_PLUGIN[version]}'")
@@ -383,10 +411,7 @@ def _text_unconfigure(text: str, version: int, name: str) -> str:
                 out.pop()
             i = end + 1
             continue
-        m = _DEFAULT_LINE.match(line)
-        if m and m.group(3) == name:
-            out.append(f"{m.group(1)}{m.group(2)}{RUNC}{m.group(2)}{m.group(4)}")
-        else:
+        if not cdefault.unset_default(lines, i, name, out):
             out.append(line)
         i += 1
     return "\n".join(out)
@@ -412,8 +437,12 @@ def containerd_unconfigure(
         del node["runtimes"][name]
         notes.append(f"removed CRI runtime {name}")
     if node.get("default_runtime_name") == name:
-        node["default_runtime_name"] = RUNC
-        notes.append(f"default runtime: {name} -> {RUNC}")
+        present, back = cdefault.previous(text, name)
+        if present:
+            node["default_runtime_name"] = back
+        else:
+            del node["default_runtime_name"]
+        notes.append(f"default runtime: {name} -> {back or RUNC}")
     if not notes:
         return Edit(text, False, ())
     new = _text_unconfigure(text, version, name)
@@ -426,7 +455,11 @@ def containerd_unconfigure(
         cri = ctoml.tk_table(doc, cri_keys)
         if cri is not None and ctoml.tk_get(cri, "default_runtime_name") == name:
             quote = ctoml.quote(text, CRI_PLUGIN[version])
-            cri["default_runtime_name"] = ctoml.tk_string(RUNC, quote)
+            present, back = cdefault.previous(text, name)
+            if present:
+                cri["default_runtime_name"] = ctoml.tk_string(back, quote)
+            else:
+                del cri["default_runtime_name"]
         new = tomlkit.dumps(doc)
     except (TOMLKitError, AttributeError, TypeError, KeyError, ValueError):
         new = ""

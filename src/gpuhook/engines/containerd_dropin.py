@@ -7,6 +7,7 @@ version-3 drop-in holds only gpuhook's keys."""
 from __future__ import annotations
 
 import fnmatch
+import re
 from typing import TYPE_CHECKING, Any
 
 import tomlkit
@@ -20,11 +21,12 @@ from gpuhook.engines.common import (
     toml_load,
 )
 from gpuhook.engines.containerd import containerd_configure, new_containerd_text
+from gpuhook.engines.containerd_default import ADDED
 from gpuhook.engines.readers import CRI_PLUGIN
 from gpuhook.errors import RegistrationError
 
 if TYPE_CHECKING:
-    from tomlkit.toml_document import TOMLDocument
+    from collections.abc import Mapping
 
 
 def imports_of(plain: dict[str, Any], source: str) -> list[str]:
@@ -50,22 +52,19 @@ def containerd_add_import(text: str, dropin_path: str, *, source: str = "config.
     expected = ctoml.plain(plain)
     expected["imports"] = [*imports, dropin_path]
     current = ctoml.tk_get(doc, "imports")
-    if current is None:
-        _insert_top_level(doc, "imports", [dropin_path])
+    if current is None:  # one line after `version`, marked: undo removes the key it added
+        line = f"imports = [{ctoml.toml_string(dropin_path, chr(34))}]  {ADDED}"
+        new = re.sub(
+            r"(?m)^(version\s*=[^\n]*)(?:\n|\Z)",
+            lambda m: f"{m.group(1)}\n{line}\n",
+            text,
+            count=1,
+        )
     else:
         current.append(dropin_path)
-    new = tomlkit.dumps(doc)
+        new = tomlkit.dumps(doc)
     ctoml.verify(new, expected, source)
     return Edit(new, True, (f"imports += {dropin_path}",))
-
-
-def _insert_top_level(doc: TOMLDocument, key: str, value: Any) -> None:
-    """Add a top-level key after ``version`` (before the first table)."""
-    keys = list(doc.keys())
-    if "version" in keys:
-        doc.add(key, value)  # tomlkit puts plain keys before the first table
-    else:
-        doc[key] = value
 
 
 def containerd_remove_import(text: str, dropin_path: str, *, source: str = "config.toml") -> Edit:
@@ -80,6 +79,11 @@ def containerd_remove_import(text: str, dropin_path: str, *, source: str = "conf
     while dropin_path in list(current):
         current.remove(dropin_path)
     new = tomlkit.dumps(doc)
+    if not expected["imports"]:  # a key configure added (its mark) goes with its last entry
+        dropped = re.sub(rf"(?m)^imports\s*=\s*\[\s*\]\s*{re.escape(ADDED)}\n", "", new)
+        if dropped != new:
+            del expected["imports"]
+            new = dropped
     ctoml.verify(new, expected, source)
     return Edit(new, True, (f"imports -= {dropin_path}",))
 
@@ -94,9 +98,13 @@ def containerd_dropin(
     source: str = "config.toml",
     dropin_source: str = "gpuhook.toml",
     new_version: int = 2,
+    base_options: Mapping[str, Any] | None = None,
 ) -> tuple[Edit, Edit]:
-    """(main config edit, drop-in edit). The drop-in of a version-2 config starts from a copy of
-    the main file's CRI section (containerd 1.x replaces whole plugin sections on import)."""
+    """(main config edit, drop-in edit). The drop-in is written at the main file's config
+    version (containerd refuses a drop-in of a higher version than the root file's). The drop-in
+    of a version-2 config starts from a copy of the main file's CRI section (containerd 1.x
+    replaces whole plugin sections on import); one of version 3 or 4 holds only gpuhook's keys,
+    its runtime carrying ``base_options``, runc's options in the merged config."""
     check_name(name)
     main = main_text if main_text and main_text.strip() else new_containerd_text(new_version)
     _doc, plain = toml_load(main, source)
@@ -117,6 +125,7 @@ def containerd_dropin(
         runtime_path=runtime_path,
         set_default=set_default,
         source=dropin_source,
+        base_options=base_options,
     )
     if not (dropin_text and dropin_text.strip()):
         dropin = Edit(dropin.text, True, dropin.notes)

@@ -31,12 +31,12 @@ def config_version(plain: dict[str, Any], source: str) -> int:
     version = plain.get("version")
     if version is None:
         raise RegistrationError(
-            f"{source}: no 'version = 2' (containerd 1.x) or 'version = 3' (containerd 2.x) line; "
-            "gpuhook edits config versions 2 and 3 only"
+            f"{source}: no 'version = 2' (containerd 1.x) or 'version = 3|4' (containerd 2.x) "
+            "line; gpuhook edits config versions 2, 3 and 4 only"
         )
     if isinstance(version, bool) or version not in CRI_PLUGIN:
         raise RegistrationError(
-            f"{source}: version: config version {version!r} is not supported (2 or 3)"
+            f"{source}: version: config version {version!r} is not supported (2, 3 or 4)"
         )
     return int(version)
 

@@ -4,11 +4,12 @@ the default runtime? (``gpuhook doctor``.)
 docker: ``/etc/docker/daemon.json``, ``runtimes.<name>.path`` (or, for docker 23+ shim-style
 entries, ``runtimes.<name>.options.BinaryName``) and ``default-runtime`` (runc when absent).
 containerd: ``/etc/containerd/config.toml``, config version 2 (containerd 1.x, CRI plugin
-``io.containerd.grpc.v1.cri``) or 3 (containerd 2.x, ``io.containerd.cri.v1.runtime``):
+``io.containerd.grpc.v1.cri``), 3 (containerd 2.0-2.2) or 4 (containerd 2.3+; both
+``io.containerd.cri.v1.runtime``):
 ``<plugin>.containerd.runtimes.<name>.options.BinaryName`` and
 ``<plugin>.containerd.default_runtime_name`` (runc when absent), including the files named by
-``imports`` (version 2 replaces a whole plugin section with an imported one, version 3 merges
-key by key); and the CRI plugin's CDI settings, ``enable_cdi`` (off by default in containerd
+``imports`` (version 2 replaces a whole plugin section with an imported one, versions 3 and 4
+merge key by key); and the CRI plugin's CDI settings, ``enable_cdi`` (off by default in containerd
 1.7, on in 2.x) and ``cdi_spec_dirs`` (default ``/etc/cdi``, ``/var/run/cdi``), which sit in the
 same plugin table as ``containerd``.
 podman: ``/etc/containers/containers.conf``, ``engine.runtimes.<name>`` (a list of paths tried in
@@ -46,7 +47,13 @@ SERVICE = {DOCKER: "docker", CONTAINERD: "containerd", PODMAN: ""}
 DAEMON = {DOCKER: "dockerd", CONTAINERD: "containerd", PODMAN: "podman"}
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 RUNTIME_BASENAME = "gpuhook-runtime"
-CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+# Config version 2: containerd 1.x; 3: containerd 2.0-2.2; 4: containerd 2.3+ (the top-level
+# grpc/ttrpc/debug/metrics tables moved into plugins; the CRI runtime plugin did not move).
+CRI_PLUGIN = {
+    2: "io.containerd.grpc.v1.cri",
+    3: "io.containerd.cri.v1.runtime",
+    4: "io.containerd.cri.v1.runtime",
+}
 MAX_BYTES = 4 * 1024 * 1024
 
 
@@ -164,6 +171,12 @@ def _imports(doc: dict[str, Any], path: str, version: int) -> str:
                 imported = _load_toml(data)
             except (ValueError, UnicodeDecodeError) as exc:
                 return f"import {name}: not valid TOML: {exc}"
+            theirs = imported.get("version", 1)
+            if isinstance(theirs, int) and theirs > version:
+                return (
+                    f"import {name}: config version {theirs} is higher than this file's "
+                    f"({version}): containerd 2.x refuses to start"
+                )
             plugins = imported.get("plugins")
             if version == 2 and isinstance(plugins, dict):
                 # containerd 1.x: an imported plugin section replaces the main file's.
@@ -189,7 +202,7 @@ def read_containerd(path: str) -> Registration:
             CONTAINERD,
             path,
             True,
-            error=f"config version {version} is not supported (gpuhook reads versions 2 and 3; "
+            error=f"config version {version} is not supported (gpuhook reads versions 2, 3 and 4; "
             "containerd config migrate converts older files)",
             version=version if isinstance(version, int) else None,
         )
@@ -220,9 +233,9 @@ def read_containerd(path: str) -> Registration:
 
 
 def cdi_settings(plugin: dict[str, Any], version: int) -> tuple[bool, tuple[str, ...]]:
-    """``enable_cdi`` (default: on in containerd 2.x's version 3, off in 1.7's version 2) and
+    """``enable_cdi`` (default: on in containerd 2.x's versions 3 and 4, off in 1.7's version 2) and
     ``cdi_spec_dirs`` of the CRI plugin table."""
-    enabled = plugin.get("enable_cdi", version == 3)
+    enabled = plugin.get("enable_cdi", version >= 3)
     dirs = plugin.get("cdi_spec_dirs", list(CDI_SPEC_DIRS))
     if not isinstance(dirs, list):
         dirs = []

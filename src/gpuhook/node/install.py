@@ -140,6 +140,9 @@ def engine_plan(host_root: str, engine: str, action: str) -> configure.Plan:
         runtime_path=RUNTIME_PATH,
         set_default=action == configure.CONFIGURE,
         new_version=lambda: host.containerd_major(host_root),
+        # the containerd on this PATH may be another than the host's, and would read the
+        # host's imports at this root's paths: check with it only on the host itself
+        dump=os.path.realpath(host_root) == "/",
     )
 
 

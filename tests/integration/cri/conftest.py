@@ -1,4 +1,5 @@
-"""A private containerd 1.6 driven through its CRI plugin, as the kubelet drives it.
+"""A private containerd driven through its CRI plugin, as the kubelet drives it: Debian's 1.6
+and containerd 2.x (``cri`` is parametrized: every test runs on both).
 
 The daemon (tests/integration/cri/daemon.py) has its own root, state, socket and config under a
 short folder in /tmp, registered by ``gpuhook runtime configure --runtime containerd
@@ -26,16 +27,18 @@ from tests.integration import engines
 from tests.integration.cri import client as cri_client
 from tests.integration.cri import kubelet
 from tests.integration.cri.daemon import (
+    ENGINES,
     IMAGE,
     IMAGE_ALL,
     NS,
     SLEEP,
     build_images,
-    cri_config,
     kill_shims,
+    private_config,
+    register,
 )
 
-__all__ = ["IMAGE", "IMAGE_ALL", "MPS_GPU", "NS", "Cri", "PodHandle"]
+__all__ = ["ENGINES", "IMAGE", "IMAGE_ALL", "MPS_GPU", "NS", "Cri", "PodHandle"]
 
 MPS_GPU = 2  # the MPS-shared GPU of the suite's config (2 replicas)
 
@@ -43,7 +46,10 @@ MPS_GPU = 2  # the MPS-shared GPU of the suite's config (2 replicas)
 class Cri:
     """The daemon, a CRI client, the kubelet folder and gpuhook's config of the suite."""
 
-    def __init__(self, node: FakeNode, root: Path, daemon: engines.Containerd, api: Any) -> None:
+    def __init__(
+        self, node: FakeNode, root: Path, daemon: engines.Containerd, api: Any, engine: str
+    ) -> None:
+        self.engine = engine  # one of ENGINES
         self.node = node
         self.root = root
         self.daemon = daemon
@@ -83,7 +89,8 @@ class Cri:
         return record
 
     def bundle(self, container_id: str) -> Path:
-        """containerd 1.6's bundle of a live container (or sandbox): config.json, init.pid."""
+        """containerd's bundle of a live container (or sandbox): config.json, init.pid (the
+        same path in 1.6 and 2.x)."""
         return self.root / "state" / "io.containerd.runtime.v2.task" / NS / container_id
 
     def spec(self, container_id: str) -> dict[str, Any]:
@@ -166,23 +173,26 @@ class PodHandle:
         return dict(line.split("=", 1) for line in raw.splitlines() if "=" in line)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", params=ENGINES)
 def cri(
-    node: FakeNode, rootfs_template: str, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    node: FakeNode,
+    rootfs_template: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Cri]:
+    """The daemon of each engine (containerd 1.6, then 2.x), registered by gpuhook."""
+    bin_dir = None if request.param == ENGINES[0] else request.getfixturevalue("containerd2_bin")
     root = engines.short_dir("gh-cri-")
     daemon = None
     try:
         config = root / "config.toml"
-        config.write_text(cri_config(root))
-        out = node.gpuhook(
-            "runtime", "configure", "--runtime", "containerd", "--config", str(config),
-            "--set-as-default", "--runtime-path", testbed.RUNTIME,
-        )  # fmt: skip
+        config.write_text(private_config(root, bin_dir, node.config))
+        out = node.gpuhook(*register(config, bin_dir, testbed.RUNTIME))
         assert out.returncode == 0, out.stderr
         api = cri_client.compile_api(tmp_path_factory.mktemp("cri-api"))
-        daemon = engines.Containerd(root, config, engines.daemon_env(str(root / "gpuhook.yaml")))
-        c = Cri(node, root, daemon, api)
+        env = engines.daemon_env(str(root / "gpuhook.yaml"))
+        daemon = engines.Containerd(root, config, env, bin_dir)
+        c = Cri(node, root, daemon, api, request.param)
         version = c.client.version()  # the CRI plugin loaded and answers on the socket
         assert (version.runtime_name, version.runtime_api_version) == ("containerd", "v1")
         c.configure()

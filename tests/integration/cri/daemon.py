@@ -1,4 +1,5 @@
-"""The private containerd 1.6 of the CRI suites (tests/integration/cri, tests/integration/kubelet).
+"""The private containerds of the CRI suites (tests/integration/cri, tests/integration/kubelet):
+Debian's 1.6 and containerd 2.x (tests/integration/containerd2.py, its own config).
 
 Its config.toml is ``containerd config default`` made private (plugin folders, an empty CNI
 folder, its own runc state root), with the CRI settings a node without CAP_SYS_RESOURCE and
@@ -16,7 +17,9 @@ import uuid as uuidlib
 from collections.abc import Mapping
 from pathlib import Path
 
-from tests.integration import engines
+import yaml
+
+from tests.integration import containerd2, engines
 from tests.integration.test_containerd import oci_archive
 
 NS = "k8s.io"
@@ -46,6 +49,30 @@ def cri_config(root: Path) -> str:
         assert text.count(old) == 1, old
         text = text.replace(old, new)
     return text
+
+
+# The containerds the CRI suites run on: Debian's 1.6 and containerd 2.x (../shared/k8s).
+ENGINES = ("containerd-1.6", f"containerd-{containerd2.VERSION}")
+
+
+def private_config(root: Path, bin_dir: Path | None, node_config: Path) -> str:
+    """The suites' config of Debian's containerd 1.6 (``bin_dir`` None) or of containerd 2.x,
+    which resolves CDI devices itself from the fake node's CDI folder (``node_config``'s
+    cdi.spec_dirs, where gpuhook's spec is)."""
+    if bin_dir is None:
+        return cri_config(root)
+    [cdi_dir] = yaml.safe_load(node_config.read_text())["cdi"]["spec_dirs"]
+    return containerd2.cri_config(root, PAUSE, runc_root(root).parent, cdi_dir)
+
+
+def register(config: Path, bin_dir: Path | None, runtime: str) -> list[str]:
+    """``gpuhook runtime configure`` as the suites register gpuhook, checked by that
+    containerd's own ``config dump``."""
+    containerd = str(bin_dir / "containerd") if bin_dir else engines.CONTAINERD
+    return [
+        "runtime", "configure", "--runtime", "containerd", "--config", str(config),
+        "--set-as-default", "--runtime-path", runtime, "--containerd", containerd,
+    ]  # fmt: skip
 
 
 def runc_root(root: Path) -> Path:

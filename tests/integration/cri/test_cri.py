@@ -1,4 +1,5 @@
-"""Kubernetes end to end through containerd 1.6's CRI plugin (the daemon: conftest.py).
+"""Kubernetes end to end through containerd's CRI plugin, on containerd 1.6 and on containerd 2.x
+(the daemons: conftest.py; every test runs on both, ids [containerd-1.6] and [containerd-2.3.4]).
 
 Each test is a pod as the kubelet runs it: the device plugins' allocation in the kubelet's
 checkpoint, RunPodSandbox (host network), CreateContainer with the env, mounts and annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cri.conftest import IMAGE, IMAGE_ALL, MPS_GPU, Cri
+from tests.integration.cri.conftest import ENGINES, IMAGE, IMAGE_ALL, MPS_GPU, Cri
 from tests.integration.cri.kubelet import Allocation, Pod
 from tests.integration.test_leak_matrix import gpus
 
@@ -26,7 +27,8 @@ MIB = 1 << 20
 
 # The io.kubernetes.* annotations containerd 1.6.20's CRI plugin writes into the OCI spec
 # (observed in the bundles' config.json; docs/kubernetes.md, "Kubernetes: what containerd 1.6's
-# CRI plugin writes").
+# CRI plugin writes"); 2.3.4 writes the same, and io.kubernetes.cri.podsandbox.image-name in the
+# sandbox's.
 SANDBOX_KEYS = {
     "io.kubernetes.cri.container-type",
     "io.kubernetes.cri.sandbox-id",
@@ -155,7 +157,9 @@ def test_annotations_containerd_writes(k8s: Cri) -> None:
         cid = pod.container()
         sandbox = k8s.spec(pod.id)["annotations"]
         container = k8s.spec(cid)["annotations"]
-    assert {k for k in sandbox if k.startswith("io.kubernetes.")} == SANDBOX_KEYS
+    # containerd 2.x adds the sandbox's image to the sandbox's spec.
+    more = {"io.kubernetes.cri.podsandbox.image-name"} if k8s.engine != ENGINES[0] else set()
+    assert {k for k in sandbox if k.startswith("io.kubernetes.")} == SANDBOX_KEYS | more
     assert {k for k in container if k.startswith("io.kubernetes.")} == CONTAINER_KEYS
     assert sandbox["io.kubernetes.cri.container-type"] == "sandbox"
     assert container["io.kubernetes.cri.container-type"] == "container"

@@ -1,6 +1,7 @@
 """A real kubelet on the fake GPU node: standalone (static pods), on a private containerd whose
 config gpuhook registered (``gpuhook runtime configure --runtime containerd --set-as-default``),
-with device plugins of this suite (deviceplugin.py) for each of NVIDIA's strategies.
+with device plugins of this suite (deviceplugin.py) for each of NVIDIA's strategies. The
+containerd is Debian's 1.6, then containerd 2.x (``cluster`` is parametrized by engine).
 
 One kubelet per module. Before it starts: the kubelet binary must be at ../shared/k8s/kubelet (a
 one-line failure otherwise), no other kubelet may use /var/lib/kubelet/device-plugins (a lock on
@@ -28,7 +29,14 @@ import yaml
 from tests.conftest import REPO, FakeNode, _deep_update, mps_daemons_under
 from tests.integration import engines
 from tests.integration.cri import client as cri_client
-from tests.integration.cri.daemon import build_images, cri_config, kill_shims, runc_root
+from tests.integration.cri.daemon import (
+    ENGINES,
+    build_images,
+    kill_shims,
+    private_config,
+    register,
+    runc_root,
+)
 from tests.integration.kubelet import deviceplugin, host
 from tests.integration.kubelet.deviceplugin import Plugin, Resource
 from tests.integration.kubelet.kubelet import Kubelet, Pod, locate
@@ -53,7 +61,8 @@ LAYOUT = (
 class Cluster:
     """The node's kubelet, its device plugins, the CRI runtime and gpuhook's config."""
 
-    def __init__(self, node: FakeNode, root: Path) -> None:
+    def __init__(self, node: FakeNode, root: Path, engine: str = ENGINES[0]) -> None:
+        self.engine = engine  # one of ENGINES
         self.node = node
         self.root = root
         self.config = root / "gpuhook.yaml"
@@ -204,17 +213,15 @@ def registered(cluster: Cluster) -> bool:
     )
 
 
-def start(cluster: Cluster, binary: Path, rootfs: str, scratch: Path) -> None:
+def start(cluster: Cluster, binary: Path, rootfs: str, scratch: Path, bin_dir: Path | None) -> None:
     root = cluster.root
     write_config(cluster)
     config = root / "config.toml"
-    config.write_text(cri_config(root))
-    out = cluster.node.gpuhook(
-        "runtime", "configure", "--runtime", "containerd", "--config", str(config),
-        "--set-as-default", "--runtime-path", testbed.RUNTIME,
-    )  # fmt: skip
+    config.write_text(private_config(root, bin_dir, cluster.node.config))
+    out = cluster.node.gpuhook(*register(config, bin_dir, testbed.RUNTIME))
     assert out.returncode == 0, out.stderr
-    cluster.daemon = engines.Containerd(root, config, engines.daemon_env(str(cluster.config)))
+    env = engines.daemon_env(str(cluster.config))
+    cluster.daemon = engines.Containerd(root, config, env, bin_dir)
     build_images(cluster.daemon, rootfs, scratch)
     cluster.cri = cri_client.CriClient(cluster.daemon.socket, cri_client.compile_api(scratch))
     out = cluster.gpuhook("mps", "start")
@@ -288,18 +295,30 @@ def exclusive(binary: Path) -> Iterator[None]:
         yield
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test of a module runs under a kubelet on containerd 1.6, then on containerd 2.x."""
+    if "cluster" in metafunc.fixturenames:
+        metafunc.parametrize("cluster", ENGINES, indirect=True, scope="module")
+
+
 @pytest.fixture(scope="module")
 def cluster(
-    node: FakeNode, rootfs_template: str, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    node: FakeNode,
+    rootfs_template: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Cluster]:
+    engine = request.param
+    bin_dir = None if engine == ENGINES[0] else request.getfixturevalue("containerd2_bin")
     binary = kubelet_binary()
     with exclusive(binary):
         before = host.snapshot()
         root = engines.short_dir("gh-kubelet-")
-        c = Cluster(node, root)
+        c = Cluster(node, root, engine)
         left: list[str] = []
         try:
-            start(c, binary, rootfs_template, tmp_path_factory.mktemp("kubelet-build"))
+            scratch = tmp_path_factory.mktemp("kubelet-build")
+            start(c, binary, rootfs_template, scratch, bin_dir)
             yield c
         finally:
             left = stop(c)
