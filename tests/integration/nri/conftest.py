@@ -26,7 +26,7 @@ from tests.conftest import FakeNode, mps_daemons_under
 from tests.integration import engines
 from tests.integration.cri import client as cri_client
 from tests.integration.cri.conftest import Cri
-from tests.integration.cri.daemon import PAUSE, build_images, kill_shims
+from tests.integration.cri.daemon import ENGINES, PAUSE, build_images, kill_shims
 
 REPO = Path(__file__).resolve().parents[3]
 K8S = Path(os.environ.get("GPUHOOK_K8S_DIR", str(REPO.parent / "shared" / "k8s")))
@@ -210,7 +210,7 @@ class NriCri(Cri):
     plugin: PluginProcess
 
     def __init__(self, node: FakeNode, root: Path, daemon: Containerd2, api: Any) -> None:
-        super().__init__(node, root, daemon, api)  # type: ignore[arg-type]
+        super().__init__(node, root, daemon, api, ENGINES[1])  # type: ignore[arg-type]
         self.ctd = daemon
         self.plugin = PluginProcess(self, daemon)
 
