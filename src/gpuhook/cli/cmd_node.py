@@ -13,6 +13,7 @@ from gpuhook.node import bundle, install
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
     pass
 
 

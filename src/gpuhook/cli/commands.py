@@ -14,7 +14,15 @@ import traceback
 import click
 
 from gpuhook import __version__
-from gpuhook.cli import cmd_check, cmd_inspect, cmd_mps, cmd_node, cmd_runtime, cmd_setup
+from gpuhook.cli import (
+    cmd_check,
+    cmd_inspect,
+    cmd_metrics,
+    cmd_mps,
+    cmd_node,
+    cmd_runtime,
+    cmd_setup,
+)
 from gpuhook.cli.base import Context
 from gpuhook.config.types import ENV_DEBUG
 from gpuhook.errors import describe
@@ -48,6 +56,7 @@ for _command in (
     cmd_node.node_group,
     cmd_runtime.hook_group,
     cmd_mps.mps_group,
+    cmd_metrics.metrics_group,
     cmd_inspect.gc_command,
     cmd_check.doctor_command,
     cmd_check.selftest_command,
