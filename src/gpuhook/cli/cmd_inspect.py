@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,12 +13,16 @@ from gpuhook import log
 from gpuhook.cli import cmd_setup, decisions, tables
 from gpuhook.cli.base import Context, emit, output_option, pass_ctx
 from gpuhook.engines.common import unified_diff
-from gpuhook.errors import RecordNotFoundError, UsageError
+from gpuhook.errors import RecordNotFoundError, UnexpectedUsersError, UsageError
 from gpuhook.inventory import store
 from gpuhook.mps import daemons
+from gpuhook.nodeview import probe, table
 from gpuhook.records import gc as records_gc
 from gpuhook.records import lookup
 from gpuhook.runtime import decide, ocispec
+
+if TYPE_CHECKING:
+    from gpuhook.config.types import Config
 
 
 @click.group("inspect")
@@ -60,10 +64,7 @@ def inspect_node(obj: Context, output: str | None, refresh: bool, usage: bool) -
     emit(tables.node_view(config, status, mps_state), output, tables.node_table)
 
 
-def _node_usage(config: Any, output: str | None) -> None:
-    from gpuhook.errors import UnexpectedUsersError
-    from gpuhook.nodeview import probe, table
-
+def _node_usage(config: Config, output: str | None) -> None:
     snap = probe.snapshot(config, store.read(config))
     view = table.view(snap)
     emit(view, output, table.text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from gpuhook.cli.base import Context, pass_ctx
+from gpuhook.nodeview import serve
 
 
 @click.group("metrics")
@@ -40,7 +41,5 @@ def metrics_serve(obj: Context, listen: str, interval: float) -> None:
     and the runtime service's health from one look at the node per scrape (NVML, /proc, the
     records). A process of its own: nothing of it runs on a container's create path.
     """
-    from gpuhook.nodeview import serve
-
     config = obj.config()
     serve.serve(config, listen, interval, click.echo)

@@ -5,4 +5,7 @@ and the Prometheus metrics (``gpuhook metrics serve``).
 and each process's owner; :mod:`~gpuhook.nodeview.probe` reads them (records, NVML, /proc);
 :mod:`~gpuhook.nodeview.table` prints the view; :mod:`~gpuhook.nodeview.metrics` exposes it
 and the records' create counts and timings. Never imported on the container-create path.
+
+May import: gpuhook.records, gpuhook.inventory, gpuhook.mps, gpuhook.pipeline, gpuhook.runtime,
+gpuhook.config, gpuhook.model, the top-level modules.
 """

@@ -262,61 +262,41 @@ def _use(
 ) -> Use:
     if owner is None:
         why = "no such process in this view's pid namespace (is it run with the host's?)"
-        return Use(p.pid, p.kind, p.used_memory, owner=UNSEEN, expected=False, why=why)
+        return Use(p.pid, p.kind, p.used_memory, UNSEEN, False, why)
     if owner.mps_group and owner.mps_group in groups:
         why = f"the MPS server of share group {owner.mps_group}"
-        return Use(
-            p.pid,
-            p.kind,
-            p.used_memory,
-            owner=MPS_SERVER,
-            expected=True,
-            why=why,
-            command=owner.command,
-            mps_group=owner.mps_group,
-        )
+        return Use(p.pid, p.kind, p.used_memory, MPS_SERVER, True, why, command=owner.command,
+                   mps_group=owner.mps_group)  # fmt: skip
     grant = next((by_id[i] for i in owner.cgroup_ids if i in by_id), None)
     if grant is not None:
-        expected, why = _judge(grant, dev)
-        return Use(
-            p.pid,
-            p.kind,
-            p.used_memory,
-            owner=CONTAINER,
-            expected=expected,
-            why=why,
-            container_id=grant.container_id,
-            pod=grant.pod,
-            pod_uid=grant.pod_uid,
-            container_name=grant.container_name,
-            command=owner.command,
-            mps_group=grant.mps_group,
-        )
+        return _container_use(p, dev, owner, grant)
     if owner.in_container:
         leaf = owner.cgroup_ids[0] if owner.cgroup_ids else ""
         why = (
             f"container {leaf or '(unknown)'} has no gpuhook decision record: created by another "
             "runtime, or with no GPU marker in its spec, so gpuhook never granted it a GPU"
         )
-        return Use(
-            p.pid,
-            p.kind,
-            p.used_memory,
-            owner=UNRECORDED,
-            expected=False,
-            why=why,
-            container_id=leaf,
-            pod_uid=owner.pod_uid,
-            command=owner.command,
-        )
+        return Use(p.pid, p.kind, p.used_memory, UNRECORDED, False, why, container_id=leaf,
+                   pod_uid=owner.pod_uid, command=owner.command)  # fmt: skip
+    why = "a host process (in no container)"
+    return Use(p.pid, p.kind, p.used_memory, HOST, False, why, command=owner.command)
+
+
+def _container_use(p: Process, dev: Device, owner: Owner, grant: Grant) -> Use:
+    expected, why = _judge(grant, dev)
     return Use(
         p.pid,
         p.kind,
         p.used_memory,
-        owner=HOST,
-        expected=False,
-        why="a host process (in no container)",
+        CONTAINER,
+        expected,
+        why,
+        container_id=grant.container_id,
+        pod=grant.pod,
+        pod_uid=grant.pod_uid,
+        container_name=grant.container_name,
         command=owner.command,
+        mps_group=grant.mps_group,
     )
 
 
