@@ -209,7 +209,7 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
+        for family in text_string_to_metric_families(text)  # type: ignore[no-untyped-call]
         for s in family.samples
     }
 
