@@ -12,18 +12,21 @@ import socket
 import subprocess
 import time
 import uuid as uuidlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import testbed
+import yaml
 
+from gpuhook.runtime import wire
 from tests import factories as f
 from tests.conftest import Containers, FakeNode
 from tests.integration.test_k8s_trust import kubelet
 from tests.integration.test_leak_matrix import write_checkpoint
 from tests.integration.test_mps import Mps
+from tests.runtime_service import dispatcher_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -45,11 +48,11 @@ class Scene:
         g = self.node.truth["gpus"][int(gpu)]
         return str(g["mig_devices"][int(mig)]["uuid"] if mig else g["uuid"])
 
-    def start(self, name: str, *, through_gpuhook: bool = True, **shape: Any) -> None:
-        """A long-running container, created through gpuhook-runtime (or plain runc)."""
+    def start(self, name: str, *, runtime: str = testbed.RUNTIME, **shape: Any) -> None:
+        """A long-running container, created through ``runtime`` (gpuhook-runtime, else plain
+        runc or a dispatcher of the runtime service)."""
         bundle = self.box.bundle(args=SLEEP, **shape)
         cid = f"{self.tag}-{name}"
-        runtime = testbed.RUNTIME if through_gpuhook else "runc"
         _, code, err = self.box.create(bundle, self.env, cid, runtime=runtime)
         assert code == 0, err
         assert self.box.runc("start", cid).returncode == 0
@@ -108,7 +111,7 @@ def scene(
         s.start("main", env=all_gpus, annotations=f.k8s(**pod))  # granted GPU 0
         s.start("init", env=all_gpus, annotations=f.k8s(container="init", **pod))  # refused
         s.start("mps", env=["NVIDIA_VISIBLE_DEVICES=1"])  # an MPS client of group gpu1
-        s.start("rogue", through_gpuhook=False, privileged=True)  # no record
+        s.start("rogue", runtime="runc", privileged=True)  # no record
         s.host = subprocess.Popen(["sleep", "600"])
         yield s
     finally:
@@ -214,7 +217,15 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def test_the_metrics_endpoint(scene: Scene) -> None:
+def test_the_metrics_endpoint(
+    scene: Scene, runtime_service: Callable[..., Any], tmp_path: Path
+) -> None:
+    # one more create, decided by the runtime service: driver files only
+    socket_path = Path(yaml.safe_load(scene.node.config.read_text())["runtime"]["service"])
+    svc = runtime_service(scene.node.env, socket=socket_path, from_config=True)
+    through_service = dispatcher_script(tmp_path / "gpuhook-runtime", svc.socket, tmp_path / "r")
+    scene.start("svc", runtime=str(through_service), env=["NVIDIA_VISIBLE_DEVICES=none"])
+    assert (tmp_path / "r").read_bytes().startswith(wire.EXEC)  # the service decided it
     scene.nvml(FULL)
     port = _free_port()
     cmd = [testbed.GPUHOOK, "metrics", "serve", "--listen", f"127.0.0.1:{port}"]
@@ -229,15 +240,22 @@ def test_the_metrics_endpoint(scene: Scene) -> None:
     def value(name: str, **labels: str) -> float:
         return got[(name, tuple(sorted(labels.items())))]
 
-    # three creates through gpuhook (all Python: no runtime service listens), one refused
-    assert value("gpuhook_container_creates_total", decision="granted", channel="env",
-                 path="python") == 2  # fmt: skip
-    assert value("gpuhook_container_creates_total", decision="refused", channel="env",
-                 path="python") == 1  # fmt: skip
+    # three creates decided by a Python process of their own (one refused), one by the service
+    creates = {
+        (dict(k[1])["decision"], dict(k[1])["channel"], dict(k[1])["path"]): v
+        for k, v in got.items()
+        if k[0] == "gpuhook_container_creates_total"
+    }
+    assert creates == {
+        ("granted", "env", "python"): 2,
+        ("refused", "env", "python"): 1,
+        ("driver-only", "env", "service"): 1,
+    }
     assert value("gpuhook_container_refusals_total", kind="not-allocated", channel="env") == 1
-    assert value("gpuhook_create_decision_seconds_count", path="python") == 3
-    assert value("gpuhook_create_decision_seconds_bucket", path="python", le="+Inf") == 3
-    assert value("gpuhook_create_decision_seconds_sum", path="python") > 0
+    for path, count in (("python", 3), ("service", 1)):
+        assert value("gpuhook_create_decision_seconds_count", path=path) == count
+        assert value("gpuhook_create_decision_seconds_bucket", path=path, le="+Inf") == count
+        assert value("gpuhook_create_decision_seconds_sum", path=path) > 0
 
     uuid0, uuid1 = scene.uuid("0"), scene.uuid("1")
     assert value("gpuhook_gpu_processes", gpu="0", uuid=uuid0) == 2
@@ -263,8 +281,8 @@ def test_the_metrics_endpoint(scene: Scene) -> None:
     assert value("gpuhook_inventory_age_seconds") >= 0
     assert value("gpuhook_inventory_fresh") == 1
     assert value("gpuhook_nvml_up") == 1
-    sockets = [dict(k[1])["socket"] for k in got if k[0] == "gpuhook_runtime_service_up"]
-    assert len(sockets) == 1 and value("gpuhook_runtime_service_up", socket=sockets[0]) == 0
+    # the service listens on the socket of the config the metrics read (the node's)
+    assert value("gpuhook_runtime_service_up", socket=str(svc.socket)) == 1
 
 
 def test_a_stopped_container_leaves_the_view(scene: Scene) -> None:
