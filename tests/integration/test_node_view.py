@@ -300,3 +300,35 @@ def test_a_stopped_container_leaves_the_view(scene: Scene) -> None:
     assert devices["0"]["granted"] == [] and devices["0"]["processes"] == []
     assert [g["container_id"] for g in devices["1"]["granted"]] == [scene.ids["mps"]]
     assert (code, view["unexpected"]) == (0, [])
+
+
+def test_the_installer_runs_and_restarts_the_metrics_process(
+    fake_node_factory: Any, tmp_path: Path
+) -> None:
+    """What `gpuhook node install --metrics-listen` runs beside the DaemonSet's wait: the
+    installed gpuhook's `metrics serve`, chrooted into the host root (here: /, this checkout's
+    gpuhook), restarted when it exits, stopped with SIGTERM."""
+    from gpuhook.node import host
+    from gpuhook.node.metrics import MetricsChild
+
+    node: FakeNode = fake_node_factory("--gpus", "1")
+    node.refresh()
+    port = _free_port()
+    env = {**host.HOST_ENV, "GPUHOOK_CACHE_DIR": os.environ["GPUHOOK_CACHE_DIR"]}
+    child = MetricsChild("/", testbed.GPUHOOK, str(node.config), f"127.0.0.1:{port}", env)
+    try:
+        assert child.ensure().startswith(f"metrics on 127.0.0.1:{port} (pid ")
+        assert child.proc is not None
+        first = child.proc
+        text = _scrape(f"http://127.0.0.1:{port}/metrics", first)
+        assert 'gpuhook_gpu_processes{gpu="0"' in text
+        assert child.ensure() == ""  # running: nothing to do
+        first.kill()
+        first.wait()
+        again = child.ensure()
+        assert again.endswith(f"(it exited with {first.returncode})"), again
+        assert child.proc is not first
+        _scrape(f"http://127.0.0.1:{port}/metrics", child.proc)
+    finally:
+        child.stop()
+    assert child.proc is not None and child.proc.returncode == 0  # SIGTERM: a clean stop

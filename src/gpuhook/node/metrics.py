@@ -10,17 +10,30 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import TYPE_CHECKING
 
 from gpuhook.node import host
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 
 class MetricsChild:
-    """The chrooted ``gpuhook metrics serve`` (nothing when ``listen`` is empty)."""
+    """The chrooted ``gpuhook metrics serve`` (nothing when ``listen`` is empty), run with
+    ``env`` (the host's minimal environment by default, as the inventory refresh)."""
 
-    def __init__(self, host_root: str, gpuhook: str, config: str, listen: str) -> None:
+    def __init__(
+        self,
+        host_root: str,
+        gpuhook: str,
+        config: str,
+        listen: str,
+        env: Mapping[str, str] = host.HOST_ENV,
+    ) -> None:
         self.argv = ["chroot", host_root, gpuhook, "--config", config, "metrics", "serve"]
         self.argv += ["--listen", listen]
         self.listen = listen
+        self.env = dict(env)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def ensure(self) -> str:
@@ -29,7 +42,7 @@ class MetricsChild:
             return ""
         why = "" if self.proc is None else f" (it exited with {self.proc.returncode})"
         self.proc = subprocess.Popen(
-            self.argv, env=host.HOST_ENV, stdin=subprocess.DEVNULL, start_new_session=True
+            self.argv, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True
         )
         return f"metrics on {self.listen} (pid {self.proc.pid}){why}"
 

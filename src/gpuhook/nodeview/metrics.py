@@ -138,8 +138,14 @@ class NodeCollector(Collector):
     def __init__(self, config: Config, feed: RecordFeed) -> None:
         self.config = config
         self.feed = feed
+        self.lock = threading.Lock()  # one look at a time, however many scrapes come at once
 
     def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            families = list(self._collect())
+        yield from families
+
+    def _collect(self) -> Iterator[Metric]:
         from gpuhook.inventory import store
         from gpuhook.runtime import service
 
