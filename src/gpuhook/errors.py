@@ -10,6 +10,7 @@ from __future__ import annotations
 # Exit codes. 2 follows the shell/click convention for "bad usage or bad configuration".
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
+EXIT_UNEXPECTED_USERS = 3  # gpuhook inspect node --usage: a GPU has an unexpected user
 EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h: a bug in gpuhook, not in its input
 EXIT_INTERRUPTED = 130
 
@@ -98,6 +99,13 @@ class ServiceError(GpuhookError):
 
 class ChecksFailedError(GpuhookError):
     """``gpuhook doctor`` found at least one failing check (each already printed with its fix)."""
+
+
+class UnexpectedUsersError(GpuhookError):
+    """``gpuhook inspect node --usage`` found a process on a GPU that gpuhook did not grant it
+    (the view is printed in full first)."""
+
+    exit_code = EXIT_UNEXPECTED_USERS
 
 
 def describe(exc: BaseException) -> tuple[int, str]:

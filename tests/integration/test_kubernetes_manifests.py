@@ -78,6 +78,16 @@ def test_the_daemonset(rendered: dict[str, Any]) -> None:
     mounts = {m.name: m.mount_path for m in container.volume_mounts}
     assert mounts == {"host-root": "/host", "config": "/etc/gpuhook-node"}
     assert f"--config={mounts['config']}/config.yaml" in container.command
+    # the metrics (gpuhook metrics serve) on the pod port Prometheus' discovery scrapes
+    (port,) = container.ports
+    assert (port.name, port.container_port, port.protocol) == ("metrics", 9479, "TCP")
+    assert f"--metrics-listen=0.0.0.0:{port.container_port}" in container.command
+    annotations = ds.spec.template.metadata.annotations
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port.container_port),
+        "prometheus.io/path": "/metrics",
+    }
     assert pod.termination_grace_period_seconds >= 60
 
 

@@ -302,7 +302,8 @@ def test_unit_runs_the_service_and_lets_a_restart_finish_creates() -> None:
     for option in ("ProtectSystem", "PrivateTmp", "PrivateDevices", "CapabilityBoundingSet"):
         assert option not in svc
     rules = (REPO / "packaging" / "deb" / "debian" / "rules").read_text()
-    assert "STARTED_UNITS := $(filter %.path gpuhook-runtime.service,$(UNITS))" in rules
+    started = "$(filter %.path gpuhook-runtime.service gpuhook-metrics.service,$(UNITS))"
+    assert f"STARTED_UNITS := {started}" in rules
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")

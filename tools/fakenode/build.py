@@ -15,6 +15,13 @@ from fakenode.driver import BINARIES, OWN_BINARIES
 from fakenode.nvmldata import c_string, nvml_data
 
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-Wno-unused-parameter")
+# The fake libnvidia-ml.so.1: fake_nvml.c and every fake_nvml_<topic>.c beside it (one file per
+# group of NVML calls a test or a real peer needs: running processes, the device plugin's, ...).
+NVML_SOURCES = tuple(
+    os.path.join(SRC, name)
+    for name in sorted(os.listdir(SRC))
+    if name.startswith("fake_nvml") and name.endswith(".c")
+)
 
 
 def run_all(commands: list[list[str]]) -> None:
@@ -95,7 +102,7 @@ def _compile_first(node: dict[str, Any], gcc: str, build_dir: str) -> tuple[str,
                 "-Wl,-soname,libnvidia-ml.so.1",
                 "-o",
                 nvml,
-                os.path.join(SRC, "fake_nvml.c"),
+                *NVML_SOURCES,
                 "-lpthread",
             ],
             [gcc, *CFLAGS, version_define, "-o", stub_bin, os.path.join(SRC, "stub_bin.c")],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,12 +13,16 @@ from gpuhook import log
 from gpuhook.cli import cmd_setup, decisions, tables
 from gpuhook.cli.base import Context, emit, output_option, pass_ctx
 from gpuhook.engines.common import unified_diff
-from gpuhook.errors import RecordNotFoundError, UsageError
+from gpuhook.errors import RecordNotFoundError, UnexpectedUsersError, UsageError
 from gpuhook.inventory import store
 from gpuhook.mps import daemons
+from gpuhook.nodeview import probe, table
 from gpuhook.records import gc as records_gc
 from gpuhook.records import lookup
 from gpuhook.runtime import decide, ocispec
+
+if TYPE_CHECKING:
+    from gpuhook.config.types import Config
 
 
 @click.group("inspect")
@@ -28,18 +33,46 @@ def inspect_group() -> None:
 @inspect_group.command("node")
 @output_option
 @click.option("--refresh", is_flag=True, help="Refresh the inventory first.")
+@click.option(
+    "--usage",
+    is_flag=True,
+    help="Who holds and uses each GPU and MIG device: the containers granted it, the processes "
+    "on it, the MPS clients, and every unexpected user (exit status 3 when there is one).",
+)
 @pass_ctx
-def inspect_node(obj: Context, output: str | None, refresh: bool) -> None:
-    """GPUs, MIG devices, driver, device nodes and libraries, from the inventory."""
+def inspect_node(obj: Context, output: str | None, refresh: bool, usage: bool) -> None:
+    """GPUs, MIG devices, driver, device nodes and libraries, from the inventory.
+
+    With --usage: per GPU and MIG device, the containers gpuhook granted it (from the decision
+    records: pod, container, channel, MPS share and limits, since when), the processes NVML
+    lists on it with the container and pod each belongs to (from its cgroup), the MPS clients
+    of each share group, and every unexpected user: a process of a container that was refused
+    or not granted that device, of a container gpuhook has no record of, or of the host. Exit
+    status 3 when there is one (the view is printed first), 0 when there is none.
+    """
 
     config = obj.config()
     if refresh:
         cmd_setup.refresh(config)
+    if usage:
+        _node_usage(config, output)
+        return
     status = store.status(config)
     mps_state = None
     if status.inventory is not None and config.mps.enabled:
         mps_state = daemons.node_state(config, status.inventory)
     emit(tables.node_view(config, status, mps_state), output, tables.node_table)
+
+
+def _node_usage(config: Config, output: str | None) -> None:
+    snap = probe.snapshot(config, store.read(config))
+    view = table.view(snap)
+    emit(view, output, table.text)
+    if view["unexpected_count"]:
+        raise UnexpectedUsersError(
+            f"{view['unexpected_count']} unexpected GPU user(s): a process on a GPU gpuhook did "
+            "not grant to its container (see 'unexpected' above)"
+        )
 
 
 @inspect_group.command("spec")

@@ -13,6 +13,7 @@ from gpuhook.node import bundle, install
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
     pass
 
 
@@ -58,6 +59,13 @@ def _host_root_option(f: Callable[..., Any]) -> Callable[..., Any]:
     help="Written (in this container) once installed; the readinessProbe tests it.",
 )
 @click.option("--no-wait", is_flag=True, help="Install and exit (no uninstall on SIGTERM).")
+@click.option(
+    "--metrics-listen",
+    metavar="HOST:PORT",
+    default="",
+    help="While installed, run the installed gpuhook metrics serve (chrooted into the host "
+    "root) on this address of the pod (docs/node-view.md); none by default.",
+)
 def node_install(
     host_root: str,
     no_restart: bool,
@@ -65,6 +73,7 @@ def node_install(
     engine: str,
     ready_file: str,
     no_wait: bool,
+    metrics_listen: str,
 ) -> None:
     """Install gpuhook on the node, then wait and uninstall it on SIGTERM.
 
@@ -79,7 +88,9 @@ def node_install(
         for line in install.install(host_root, node_config, engine, not no_restart, source):
             click.echo(line)
         return
-    install.serve(host_root, node_config, engine, not no_restart, ready_file, _echo_flush)
+    install.serve(
+        host_root, node_config, engine, not no_restart, ready_file, _echo_flush, metrics_listen
+    )
 
 
 @node_group.command("uninstall")

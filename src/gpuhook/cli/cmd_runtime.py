@@ -18,6 +18,7 @@ from gpuhook.runtime.hooks import main as hook_main
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
     pass
 
 

@@ -17,6 +17,7 @@ from gpuhook import __version__
 from gpuhook.cli import (
     cmd_check,
     cmd_inspect,
+    cmd_metrics,
     cmd_mps,
     cmd_node,
     cmd_nri,
@@ -56,6 +57,7 @@ for _command in (
     cmd_node.node_group,
     cmd_runtime.hook_group,
     cmd_mps.mps_group,
+    cmd_metrics.metrics_group,
     cmd_inspect.gc_command,
     cmd_check.doctor_command,
     cmd_check.selftest_command,

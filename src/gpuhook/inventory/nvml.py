@@ -314,3 +314,47 @@ def compute_modes(
             mode = int(pynvml.nvmlDeviceGetComputeMode(handle))
             out[uuid] = names.get(mode, str(mode))
     return out
+
+
+class ProcessFacts:
+    """One process NVML lists on one device (a GPU, or a MIG device by its own UUID): how it
+    uses it (``compute``, ``graphics``, or ``mps`` for an MPS client), its host pid and the
+    bytes of device memory it holds (0 where NVML cannot say)."""
+
+    def __init__(self, uuid: str, kind: str, pid: int, used_memory: int) -> None:
+        self.uuid = uuid
+        self.kind = kind
+        self.pid = pid
+        self.used_memory = used_memory
+
+
+_PROCESS_QUERIES = (
+    ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+    ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+    ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
+)
+
+
+def running_processes(
+    explicit_library: str, driver_root_candidates: list[str], uuids: list[str]
+) -> list[ProcessFacts]:
+    """The processes on each device of ``uuids`` (GPU or MIG UUIDs), by NVML's compute, graphics
+    and MPS client lists (a list the driver does not have is skipped). Raises
+    :class:`InventoryError` naming the call that failed."""
+    pynvml, _ = load_library(explicit_library, driver_root_candidates)
+    skipped = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
+    out: list[ProcessFacts] = []
+    with _Session(pynvml) as nvml:
+        for uuid in uuids:
+            nvml.step = f"nvmlDeviceGetHandleByUUID({uuid})"
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            for kind, name in _PROCESS_QUERIES:
+                nvml.step = f"{name}({uuid})"
+                try:
+                    listed = getattr(pynvml, name)(handle)
+                except skipped:
+                    continue
+                out.extend(
+                    ProcessFacts(uuid, kind, int(p.pid), int(p.usedGpuMemory or 0)) for p in listed
+                )
+    return out

@@ -124,6 +124,21 @@ class MpsView(Frozen):
         )
 
 
+class Timing(Frozen):
+    """How long a create's decision took (``seconds``, from gpuhook-runtime's entry to the
+    record) and who decided (``path``: ``service`` or ``python``)."""
+
+    path: str
+    seconds: float
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Timing:
+        seconds = _get(d, "seconds", (int, float))
+        if isinstance(seconds, bool) or seconds < 0:
+            raise ValueError("field 'seconds' is not a duration")
+        return cls(_get(d, "path", str), float(seconds))
+
+
 class DecisionView(Frozen):
     """What was decided and injected for one spec: a record's body, and ``gpuhook inspect
     spec``'s view. ``request`` is None where no spec was parsed."""
@@ -159,6 +174,7 @@ class Record(Frozen):
     runtime: RuntimeRef
     view: DecisionView
     data: dict[str, Any]
+    timing: Timing | None = None  # None in records written before timings
 
     @property
     def decision(self) -> Decision:
@@ -186,4 +202,5 @@ class Record(Frozen):
             RuntimeRef.from_dict(_get(d, "runtime", dict)),
             DecisionView.from_dict(d),
             dict(d),
+            Timing.from_dict(timing) if (timing := _opt(d, "timing", dict)) is not None else None,
         )

@@ -40,6 +40,7 @@ from gpuhook.errors import ConfigError, NodeInstallError
 from gpuhook.fsutil import atomic_write, temp_name
 from gpuhook.model.frozen import Frozen
 from gpuhook.node import bundle, host
+from gpuhook.node.metrics import MetricsChild
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 RECORD = f"{bundle.PREFIX}/install.json"
 CONFIG = DEFAULT_PATH
 HOOK_PATH = f"{bundle.PREFIX}/bin/gpuhook"
+METRICS_CHECK_S = 10.0  # how often the metrics process is restarted when it exited
 RUNTIME_PATH = f"{bundle.PREFIX}/bin/gpuhook-runtime"
 LDCONFIG = f"{bundle.PREFIX}/bin/ldconfig"
 # Where containerd (the system's, and docker's own) keeps its runc shims' task folders.
@@ -346,10 +348,12 @@ def serve(
     restart: bool,
     ready_file: str,
     emit: Callable[[str], None],
+    metrics_listen: str = "",
 ) -> None:
     """The DaemonSet's entrypoint: install, report ready, wait for SIGTERM (or SIGINT), then
-    uninstall. The signals are held from the start, so one that arrives during the install is
-    acted on right after it."""
+    uninstall. With ``metrics_listen``, the installed ``gpuhook metrics serve`` runs meanwhile
+    (:mod:`gpuhook.node.metrics`). The signals are held from the start, so one that arrives
+    during the install is acted on right after it."""
     signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     if os.path.lexists(ready_file):  # a container restarted in place keeps its files
@@ -359,7 +363,15 @@ def serve(
     os.makedirs(os.path.dirname(ready_file) or ".", mode=0o755, exist_ok=True)
     atomic_write(ready_file, b"ready\n", 0o644)
     emit(f"ready ({ready_file}); uninstalls on SIGTERM")
-    got = signal.sigwait(signals)
+    child = MetricsChild(host_root, HOOK_PATH, CONFIG, metrics_listen)
+    info = None
+    while info is None:
+        line = child.ensure()
+        if line:
+            emit(line)
+        info = signal.sigtimedwait(signals, METRICS_CHECK_S)
+    child.stop()
+    got = info.si_signo
     os.unlink(ready_file)
     emit(f"{signal.Signals(got).name}: uninstalling")
     for line in uninstall(host_root, restart):

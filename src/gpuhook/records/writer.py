@@ -39,6 +39,7 @@ def build(
     root: str = "",
     config: str = "",
     creator: dict[str, int] | None = None,
+    timing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The record (its JSON Schema: ``schemas/record.schema.json``; as its readers see it:
     :class:`gpuhook.model.record.Record`).
@@ -47,7 +48,9 @@ def build(
     a GPU marker but no GPU request (nothing was decided). ``runtime`` and ``root`` are the
     low-level runtime and its ``--root`` (its state folder, "" for its default); ``config`` the
     gpuhook config file that decided; ``creator`` the process that runs the runtime's create
-    (pid and start time), which MPS admission counts as a live container until it exits.
+    (pid and start time), which MPS admission counts as a live container until it exits;
+    ``timing`` how long the decision took and where (``{"path": "service"|"python",
+    "seconds": s}``: the metrics' create latency, :mod:`gpuhook.nodeview.metrics`).
     """
     from gpuhook.model.decision import Request
 
@@ -62,6 +65,8 @@ def build(
     }
     if creator is not None:
         record["runtime"]["creator"] = creator
+    if timing is not None:
+        record["timing"] = timing
     record.update(_undecided(decided) if isinstance(decided, Request) else decided_view(decided))
     return record
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from gpuhook import __version__
 from gpuhook.errors import GpuhookError, RuntimeNotFoundError, SpecError, UsageError, describe
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     Execute = Callable[[str, list[str]], NoReturn]
 
 PROG = "gpuhook-runtime"
+# When this call entered :func:`main` (perf_counter): the record's timing counts from here.
+_entered = 0.0
 NOTE = "no GPU marker in config.json (the spec was not parsed)"
 
 
@@ -48,6 +51,8 @@ def main(argv: list[str], execute: Execute | None = None, caller: int = 0) -> in
     runtime. ``execute`` replaces :func:`os.execv` for the runtime's exec; ``caller``: the pid
     of the process that will run the runtime (this one when 0). ``gpuhook-runtime hook VERB``
     runs that OCI hook of gpuhook's (:mod:`gpuhook.runtime.hooks`)."""
+    global _entered
+    _entered = time.perf_counter()
     if argv[1:2] == [runc_argv.HOOK]:
         from gpuhook.runtime import hooks
 
@@ -227,7 +232,7 @@ def _create_full(
     if config is None or not req.channels:
         if config is not None:
             _log_no_request(args, bundle, req, "")
-            unwritten = _record(config, args, bundle, req)
+            unwritten = _record(config, args, bundle, req, caller)
             if unwritten:
                 _logger(args, bundle).warning("record not written", error=unwritten)
         return _exec_configured(config, argv, args, execute)
@@ -346,10 +351,18 @@ def _record(
             root=args.root,
             config=config.source,
             creator=creator,
+            timing=_timing(caller),
         )
         return writer.write(config, args.container_id, bundle, record)
     except Exception as exc:
         return f"record failed: {exc!r}"
+
+
+def _timing(caller: int) -> dict[str, Any]:
+    """The record's timing: who decided (the runtime service decides for another process, the
+    caller) and the seconds since :func:`main` was entered."""
+    path = "python" if not caller or caller == os.getpid() else "service"
+    return {"path": path, "seconds": round(max(0.0, time.perf_counter() - _entered), 6)}
 
 
 def _log_no_request(args: RuntimeArgs, bundle: str, req: Request | None, note: str) -> None:
