@@ -297,6 +297,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "gpuhook.engines",
         "gpuhook.node",
         "gpuhook.selftest",
+        "gpuhook.nodeview",  # the node view and metrics: records x NVML x /proc, read-only
         "gpuhook.__main__",
         "gpuhook._cli_entry",
     ),
