@@ -1,0 +1,96 @@
+"""Issue 36.1 in the pure parts: reading an image's forward compatibility libcuda is bounded by
+what a real library needs (reads and bytes counted, whatever its headers claim), and the image is
+read before MPS admission takes the node-wide accounting lock."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuhook.inventory import elf
+from gpuhook.pipeline.compat import NOTE_OWNER, NOTE_SECTION, CompatLibrary
+from gpuhook.runtime import imagefs
+from tests import driverimages, factories, hostile_elf
+
+
+class Counted(io.FileIO):
+    """A file that counts the reads made of it and the bytes they returned."""
+
+    reads = 0
+    returned = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        self.reads += 1
+        self.returned += len(data or b"")
+        return data or b""
+
+
+def note_reads(path: Path) -> tuple[int, int, str]:
+    """(reads, bytes read, the outcome) of looking up the compat note in ``path``."""
+    with Counted(path, "r") as f:
+        try:
+            outcome = repr(elf.note_from_file(f, path.stat().st_size, NOTE_SECTION, NOTE_OWNER))
+        except elf.ElfError as exc:
+            outcome = str(exc)
+        return f.reads, f.returned, outcome
+
+
+@pytest.mark.parametrize(
+    ("sections", "outcome"),
+    [
+        (hostile_elf.SECTIONS, f"{hostile_elf.SECTIONS} section headers is more than a shared "
+         "library has (at most 1024)"),
+        (1024, "None"),  # as many as accepted, every one named by the 65,535-byte name
+    ],
+)  # fmt: skip
+def test_the_crafted_library_costs_a_few_bounded_reads(
+    tmp_path: Path, sections: int, outcome: str
+) -> None:
+    """Before: one 256-byte read per section per 256 bytes of its name (107 million reads for
+    the issue's file, a minute of CPU)."""
+    path = tmp_path / "libcuda.so.999.1"
+    hostile_elf.write(path, sections)
+    reads, returned, got = note_reads(path)
+    assert got == outcome
+    assert reads <= 5 and returned <= 200 << 10, (reads, returned)
+
+
+def test_a_real_library_note_is_still_found_in_the_same_few_reads(tmp_path: Path) -> None:
+    note = {"Format": 1, "CUDA Version": "12.8", "Driver": [535, 550], "Device": [2, 14]}
+    lib = driverimages.install_compat(tmp_path / "rootfs", "570.124.06", note)
+    reads, returned, got = note_reads(lib)
+    assert got.startswith("b'") and reads <= 5 and returned < 64 << 10
+    found = imagefs.compat_library(str(tmp_path / "rootfs"))
+    assert found is not None and found.drivers == (535, 550) and found.brands == (2, 14)
+
+
+def test_the_image_is_read_before_mps_admission_takes_its_lock() -> None:
+    """``mps_admit`` takes the node-wide accounting lock (held until the record is written):
+    the image's compat library is asked for before it, never under it."""
+    from gpuhook.pipeline import flow
+
+    calls: list[str] = []
+    inventory = factories.inventory(2)
+
+    def compat(_rootfs: str) -> CompatLibrary | None:
+        calls.append("image")
+        return None
+
+    def admit(_plan: Any) -> None:
+        calls.append("admission (locked)")
+
+    out = flow.run(
+        factories.spec(env=["NVIDIA_VISIBLE_DEVICES=0"]),
+        factories.config(mps__gpus=["0"], mps__replicas=2),
+        inventory_source=lambda _c: inventory,
+        checkpoint_source=lambda *_a: pytest.fail("no checkpoint for a standalone container"),
+        mps_probe=lambda _pipe: 4242,
+        mps_admit=admit,
+        rootfs="/run/c1/rootfs",
+        compat_source=compat,
+    )
+    assert out.mps is not None and calls == ["image", "admission (locked)"]
