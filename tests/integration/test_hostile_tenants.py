@@ -159,3 +159,36 @@ def test_a_worker_whose_caller_is_killed_stops_and_lets_go(
     again = containers.bundle(args=("/bin/true",), env=["NVIDIA_VISIBLE_DEVICES=0"])
     _, code, err = containers.create(again, env, runtime=runtime)
     assert (code, err) == (0, "")
+
+
+# --- 4. a grant on an MPS-shared GPU is MPS or no CUDA ---------------------------------------
+
+
+def test_a_utility_container_on_an_mps_shared_gpu_gets_no_cuda_device_node(
+    mps: Mps,  # noqa: F811 - the fixture of test_mps
+    containers: Containers,
+) -> None:
+    """``NVIDIA_DRIVER_CAPABILITIES=utility`` (a GPU monitor) on MPS-shared GPU 0: no MPS plan,
+    and now no unified memory node either (NVIDIA's libnvidia-container gives it only to
+    compute), so a libcuda the image ships cannot make a context outside MPS; NVML's nodes stay
+    and nvidia-smi works. Before: /dev/nvidia-uvm and /dev/nvidia-uvm-tools were injected."""
+    env = mps.configure(gpus=[0], replicas=2)
+    mps.start()
+    probe = "ls /dev | grep ^nvidia; env | grep ^CUDA_MPS_ || true; nvidia-smi -L"
+    seen = {}
+    for caps in ("utility", "compute,utility"):
+        bundle = containers.bundle(
+            args=("/bin/sh", "-c", probe),
+            env=["NVIDIA_VISIBLE_DEVICES=0", f"NVIDIA_DRIVER_CAPABILITIES={caps}"],
+        )
+        out = containers.run(bundle, env)
+        assert (out.returncode, out.stderr) == (0, ""), caps
+        seen[caps] = out.stdout.splitlines()
+    monitor, client = seen["utility"], seen["compute,utility"]
+    assert [line for line in monitor if line.startswith(("nvidia", "CUDA_MPS_"))] == [
+        "nvidia0",
+        "nvidiactl",
+    ]
+    assert monitor[-1].startswith("GPU 0: ")  # NVML still works
+    assert {"nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidiactl"} <= set(client)
+    assert "CUDA_MPS_PIPE_DIRECTORY=/run/gpuhook/mps/pipe" in client  # compute: an MPS client
