@@ -10,6 +10,7 @@ import fcntl
 import os
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,9 @@ import pytest
 import testbed
 
 from tests import hostile_elf
-from tests.conftest import Containers
-from tests.integration.test_mps import Mps, mnode, mps  # noqa: F401
+from tests.conftest import Containers, FakeNode
+from tests.integration.test_mps import Mps, mnode, mounts_under, mps  # noqa: F401
+from tests.integration.test_mps_tenancy import CLIENT, client_bundle, got, mode_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -192,3 +194,173 @@ def test_a_utility_container_on_an_mps_shared_gpu_gets_no_cuda_device_node(
     assert monitor[-1].startswith("GPU 0: ")  # NVML still works
     assert {"nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidiactl"} <= set(client)
     assert "CUDA_MPS_PIPE_DIRECTORY=/run/gpuhook/mps/pipe" in client  # compute: an MPS client
+
+
+# --- 2. mps.shm: the group's own folder, never a host one -------------------------------------
+
+
+def test_tenants_of_two_groups_share_no_memory_folder_and_never_the_hosts(
+    mnode: FakeNode,  # noqa: F811 - the fixture of test_mps
+    mps: Mps,  # noqa: F811 - the fixture of test_mps
+    containers: Containers,
+) -> None:
+    """``mps.shm: /dev/shm`` (README's example). Tenant A (GPU 0) writes a file in its
+    /dev/shm; tenant B (GPU 1, another group) can neither see, read, overwrite nor delete it,
+    and neither sees the host's segments. MPS still works: A's fake CUDA client finds its
+    server's memory file in its own /dev/shm (the daemon's /dev/shm is the group's folder too).
+    Before: both had the host's /dev/shm, read-write."""
+    env = mps.configure(gpus=[0, 1], shm="/dev/shm")
+    mps.start()
+    secret, host = (
+        f"gh-t36-a-{uuid.uuid4().hex[:8]}",
+        Path(f"/dev/shm/gh-t36-host-{uuid.uuid4().hex[:8]}"),
+    )
+    host.write_text("host segment\n")
+    try:
+        a = client_bundle(
+            mnode,
+            containers,
+            f"{CLIENT} && echo from-a > /dev/shm/{secret} && ls /dev/shm",
+            env=["NVIDIA_VISIBLE_DEVICES=0"],
+        )
+        out = containers.run(a, env)
+        assert out.returncode == 0, out.stderr
+        assert got(out.stdout)["shm"] == "yes", out.stdout  # the server's file, seen by its client
+        assert secret in out.stdout.split() and host.name not in out.stdout.split()
+        b = containers.bundle(
+            args=("/bin/sh", "-c", f"ls /dev/shm; cat /dev/shm/{secret}; rm /dev/shm/{secret}; "
+                  f"echo from-b > /dev/shm/{secret}; true"),
+            env=["NVIDIA_VISIBLE_DEVICES=1"],
+        )  # fmt: skip
+        seen = containers.run(b, env)
+        assert seen.returncode == 0, seen.stderr
+        assert seen.stdout.split() == []  # nothing of A's, nothing of the host's
+        assert "No such file" in seen.stderr
+        assert (mps.root / "gpu0" / "shm" / secret).read_text() == "from-a\n"  # A's is intact
+        assert host.read_text() == "host segment\n"
+        # within a group the folder is shared (MPS needs it): a second container of GPU 0 sees it
+        again = containers.bundle(
+            args=("/bin/cat", f"/dev/shm/{secret}"), env=["NVIDIA_VISIBLE_DEVICES=0"]
+        )
+        assert containers.run(again, env).stdout == "from-a\n"
+    finally:
+        host.unlink()
+        Path(f"/dev/shm/{secret}").unlink(missing_ok=True)  # where the code before wrote it
+
+
+# --- 3. a full pipe folder fills the group's filesystem, not the node's ------------------------
+
+
+def test_a_tenant_that_fills_its_pipe_folder_leaves_the_node_creating(
+    mnode: FakeNode,  # noqa: F811 - the fixture of test_mps
+    mps: Mps,  # noqa: F811 - the fixture of test_mps
+    containers: Containers,
+    tmp_path: Path,
+) -> None:
+    """A 48M tmpfs stands for /run: runc's state and mps.root (its default /run/gpuhook/mps)
+    both live there. A client container writes /dev/zero into its pipe folder until it is
+    full: it stops at the group's 16M (mps.pipe_size), and containers on the node still start.
+    Before: the pipe folder was a folder of /run, which the tenant filled, and every later
+    create failed (runc: unable to store init state)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48M", "tmpfs", str(run)], check=True)
+    try:
+        containers.state = run / "runc"
+        mps.root = run / "gpuhook" / "mps"
+        env = mps.configure(gpus=[0, 1])  # mps.pipe_size: 16M by default
+        mps.start()
+        fill = containers.bundle(
+            args=("/bin/sh", "-c", "dd if=/dev/zero of=$CUDA_MPS_PIPE_DIRECTORY/fill bs=4k "
+                  "count=16384 2>&1; echo filled; sleep 60"),
+            env=["NVIDIA_VISIBLE_DEVICES=0"],
+        )  # fmt: skip
+        filler, code, err = containers.create(fill, env)  # it stays: its state stays in /run
+        assert (code, err) == (0, "")
+        assert containers.runc("start", filler).returncode == 0
+        output = containers.base / f"{filler}.out"
+        assert wait_until(lambda: "filled" in output.read_text(), timeout=60)
+        assert "No space left on device" in output.read_text()
+        for env_line in ("NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=none"):
+            later = containers.run(containers.bundle(args=("/bin/true",), env=[env_line]), env)
+            assert (later.returncode, later.stderr) == (0, ""), env_line
+        assert (mps.pipe("gpu0") / "fill").stat().st_size <= 16 << 20
+        assert os.statvfs(run).f_bavail * os.statvfs(run).f_frsize > 40 << 20  # /run: untouched
+        # the group's next daemon gets a new, empty pipe folder
+        assert mps.gpuhook("mps", "stop", "0").returncode == 0
+        mps.start("0")
+        assert "fill" not in os.listdir(mps.pipe("gpu0"))
+    finally:
+        subprocess.run(
+            f"for c in $(runc --root {containers.state} list -q); do "
+            f"runc --root {containers.state} delete -f $c; done",
+            shell=True,
+            check=False,
+        )
+        mps.cleanup()
+        subprocess.run(["umount", "-l", str(run)], check=False)
+
+
+# --- 5. recovery cannot be broken from inside -------------------------------------------------
+
+
+def nest(top: Path, depth: int, link_to: Path) -> None:
+    """``depth`` nested folders under ``top``, a link to ``link_to`` at the bottom."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.symlink(link_to, "host", dir_fd=fd)
+    os.close(fd)
+
+
+def test_nested_folders_in_a_pipe_folder_do_not_break_stop_and_start(
+    mnode: FakeNode,  # noqa: F811 - the fixture of test_mps
+    mps: Mps,  # noqa: F811 - the fixture of test_mps
+    containers: Containers,
+    tmp_path: Path,
+) -> None:
+    """A client makes 1,200 nested folders (and a link to a host folder at the bottom) in its
+    pipe folder; `gpuhook mps stop && gpuhook mps start` works: a running daemon, the GPU in
+    EXCLUSIVE_PROCESS, no pipe.old-* left, the host folder untouched. The same for a pipe folder
+    an older gpuhook made (a folder, not a mount), which is removed without recursion. Before:
+    internal error (RecursionError), pipe.old-<pid> left, the GPU exclusive with no daemon."""
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "precious").write_text("x")
+    env = mps.configure(gpus=[1])
+    mps.start()
+    script = (
+        "cd $CUDA_MPS_PIPE_DIRECTORY && i=0; while [ $i -lt 1200 ]; do mkdir d && cd d || exit 1; "
+        f"i=$((i+1)); done; ln -s {keep} host"
+    )
+    out = containers.run(
+        containers.bundle(args=("/bin/sh", "-c", script), env=["NVIDIA_VISIBLE_DEVICES=1"]), env
+    )
+    assert (out.returncode, out.stderr) == (0, "")
+
+    def recovered() -> None:
+        stop = mps.gpuhook("mps", "stop")
+        start = mps.gpuhook("mps", "start")
+        assert (stop.returncode, start.returncode) == (0, 0), stop.stderr + start.stderr
+        assert "error" not in stop.stderr + start.stderr  # the non-root warning only
+        (status,) = mps.status()
+        assert status["state"] == "running" and mode_file(mnode, 1).read_text().strip() == "3"
+        assert sorted(os.listdir(mps.root / "gpu1")) == [
+            "compute-mode",
+            "control.pid",
+            "lock",
+            "log",
+            "pipe",
+        ]
+        assert os.listdir(mps.pipe("gpu1")) and "d" not in os.listdir(mps.pipe("gpu1"))
+        assert (keep / "precious").read_text() == "x"
+
+    recovered()
+    # a pipe folder an older gpuhook made: a folder of mps.root's filesystem, walked to remove it
+    assert mps.gpuhook("mps", "stop").returncode == 0
+    assert not any(p.startswith(str(mps.pipe("gpu1"))) for p in mounts_under(mps.root))
+    nest(mps.pipe("gpu1"), 1200, keep)
+    recovered()

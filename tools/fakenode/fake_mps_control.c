@@ -175,13 +175,33 @@ static int live_clients(const struct server *s) {
     return n;
 }
 
+/* Whether /dev/shm is a folder mounted there for this process (the same filesystem is also
+ * mounted elsewhere: gpuhook's <mps.root>/<group>/shm), not the host's own /dev/shm. */
+static int private_shm(void) {
+    FILE *f = fopen("/proc/self/mountinfo", "r");
+    if (!f) return 0;
+    char line[8192], dev[64] = "", devs[256][64], points[256][512];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < 256) {
+        char d[64], point[512];
+        if (sscanf(line, "%*s %*s %63s %*s %511s", d, point) != 2) continue;
+        if (!strcmp(point, "/dev/shm")) snprintf(dev, sizeof dev, "%s", d);
+        snprintf(devs[n], sizeof devs[n], "%s", d);
+        snprintf(points[n], sizeof points[n], "%s", point);
+        n++;
+    }
+    fclose(f);
+    for (int i = 0; *dev && i < n; i++)
+        if (!strcmp(devs[i], dev) && strcmp(points[i], "/dev/shm")) return 1;
+    return 0;
+}
+
 /* the server's shared memory file, "" when it makes none (its /dev/shm is the host's) */
 static void shm_name(pid_t pid, char *out, size_t size) {
-    struct stat own, host;
-    if (stat("/dev/shm", &own) != 0 || stat("/proc/1/root/dev/shm", &host) != 0 || own.st_dev == host.st_dev)
-        *out = 0;
-    else
+    if (private_shm())
         snprintf(out, size, "cuda.mps.%ld", (long)pid);
+    else
+        *out = 0;
 }
 
 static void stop_server(struct server *s) {
@@ -325,7 +345,7 @@ static void attach(int fd) {
     char name[64], path[128];
     shm_name(srv->pid, name, sizeof name);
     snprintf(path, sizeof path, "/dev/shm/%s", name);
-    if (access(path, F_OK) != 0) snprintf(name, sizeof name, "-");
+    if (!*name || access(path, F_OK) != 0) snprintf(name, sizeof name, "-");
     reply(fd, "server %ld uid %u percentage %d shm %s pinned", (long)srv->pid, (unsigned)srv->uid,
           srv->percentage, name);
     for (int d = 0; d < MAX_DEVICES; d++)

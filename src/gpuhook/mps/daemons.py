@@ -252,7 +252,7 @@ class Daemon:
             "pid": pid,
             "defaults_set": defaults,
             "compute_mode": mode,
-            "warnings": warnings + ([non_root_warning(self.group.name, blocked)] if blocked else []),
+            "warnings": warnings + [non_root_warning(self.group.name, b) for b in [blocked] if b],
         }
 
     def _folders(self) -> None:
@@ -332,7 +332,7 @@ class Daemon:
                     cwd="/",
                     timeout=START_TIMEOUT_S,
                     check=False,
-                    preexec_fn=with_shm(self.shm_dir) if self.config.mps.shm else None,  # noqa: PLW1509
+                    preexec_fn=with_shm(self.shm_dir) if self.config.mps.shm else None,
                 )
             except subprocess.TimeoutExpired:
                 raise MpsError(

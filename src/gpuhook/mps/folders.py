@@ -111,15 +111,18 @@ def with_shm(shm: str) -> Callable[[], None]:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        steps = (
-            lambda: libc.unshare(_CLONE_NEWNS),
-            lambda: libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None),
-            lambda: libc.mount(os.fsencode(shm), b"/dev/shm", None, _MS_BIND, None),
-        )
-        for step in steps:
-            if step() != 0:
-                code = ctypes.get_errno()
-                raise OSError(code, os.strerror(code))
+        unshare, mount = libc.unshare, libc.mount
+        unshare.argtypes = [ctypes.c_int]
+        mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+
+        def check(code: int) -> None:  # one step at a time: never a mount in the host's ns
+            if code != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
+
+        check(unshare(_CLONE_NEWNS))
+        check(mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None))
+        check(mount(os.fsencode(shm), b"/dev/shm", None, _MS_BIND, None))
 
     return enter
 
