@@ -5,12 +5,14 @@ read before MPS admission takes the node-wide accounting lock."""
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuhook.inventory import elf
+from gpuhook.mps import folders
 from gpuhook.pipeline.compat import NOTE_OWNER, NOTE_SECTION, CompatLibrary
 from gpuhook.runtime import imagefs
 from tests import driverimages, factories, hostile_elf
@@ -94,3 +96,62 @@ def test_the_image_is_read_before_mps_admission_takes_its_lock() -> None:
         compat_source=compat,
     )
     assert out.mps is not None and calls == ["image", "admission (locked)"]
+
+
+# --- 36.5: removing a folder tenants wrote -------------------------------------------------------
+
+
+def nest(top: Path, depth: int) -> Path:
+    """``depth`` nested folders under ``top`` (made by descriptor: no path grows); the deepest."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    (Path(f"/proc/self/fd/{fd}") / "file").write_text("x")
+    os.close(fd)
+    return top
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_deep_tree_is_removed_without_recursion_or_following_links(tmp_path: Path) -> None:
+    """5,000 nested folders (Python's recursion limit is 1,000; RLIMIT_NOFILE often 1,024), links
+    to a host folder and file at several depths: all removed, the link targets untouched, at
+    most 64 folders open at once."""
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "precious").write_text("x")
+    top = tmp_path / "pipe.old-1"
+    top.mkdir()
+    nest(top, 5000)
+    (top / "link").symlink_to(keep)
+    (top / "d" / "d" / "file-link").symlink_to(keep / "precious")
+    before = open_fds()
+    removed = folders.remove_tree(str(top))
+    assert removed >= 5003 and not top.exists()
+    assert (keep / "precious").read_text() == "x"
+    assert open_fds() == before
+
+
+def test_removal_is_bounded(tmp_path: Path) -> None:
+    top = tmp_path / "pipe.old-2"
+    top.mkdir()
+    for i in range(50):
+        (top / f"f{i}").write_text("")
+    with pytest.raises(OSError, match="more than 20 entries"):
+        folders.remove_tree(str(top), limit=20)
+    assert top.exists()  # what is left stays, reported; the next start tries again
+
+
+def test_a_link_in_place_of_the_folder_is_unlinked_never_followed(tmp_path: Path) -> None:
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "precious").write_text("x")
+    pipe = tmp_path / "pipe"
+    pipe.symlink_to(keep)
+    assert folders.clear(str(pipe)) == []
+    assert not os.path.lexists(pipe) and (keep / "precious").read_text() == "x"

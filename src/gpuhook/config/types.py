@@ -90,8 +90,8 @@ class MpsConfig(Frozen):
     exclusive_process: bool
     log_dir: bool
     shm: str  # "" off; "group" (or an absolute path, as before): each group's own shm tmpfs
-    pipe_size: int  # bytes of each group's pipe folder tmpfs
-    shm_size: str  # each group's shm tmpfs: a size or a percentage of memory, as tmpfs takes it
+    pipe_size: str  # each group's pipe folder tmpfs: a size (16M), as written
+    shm_size: str  # each group's shm tmpfs: a size (1G) or a percentage of memory (50%)
 
     def __init__(self, data: Mapping[str, Any]) -> None:
         groups = data.get("groups") or {}
@@ -116,8 +116,8 @@ class MpsConfig(Frozen):
             exclusive_process=data["exclusive_process"],
             log_dir=data["log_dir"],
             shm=data["shm"],
-            pipe_size=_size(data["pipe_size"]),
-            shm_size=_tmpfs_size(data["shm_size"]),
+            pipe_size=data["pipe_size"],
+            shm_size=data["shm_size"],
         )
 
     @property
@@ -235,15 +235,3 @@ class Config(Frozen):
         if self.log_level == "debug" and self.data["log"]["level"] != "debug":
             out.append(f"{ENV_DEBUG}=1")
         return tuple(out)
-
-
-def _size(text: str) -> int:
-    """A size the loader checked (``16M``) in bytes."""
-    from gpuhook.config.units import parse_size
-
-    return parse_size(text)
-
-
-def _tmpfs_size(text: str) -> str:
-    """tmpfs's ``size=`` value of a checked size: ``50%`` as written, ``1G`` in bytes."""
-    return text if text.endswith("%") else str(_size(text))

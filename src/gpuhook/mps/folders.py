@@ -82,13 +82,21 @@ def clear(path: str) -> list[str]:
     return []
 
 
-def pipe_options(size: int) -> str:
-    inodes = max(64, size // INODE_BYTES)
-    return f"size={size},nr_inodes={inodes},mode=0755,nosuid,nodev,noexec"
+def pipe_options(size: str) -> str:
+    """tmpfs options of a pipe folder of ``size`` (``mps.pipe_size``, checked by the loader)."""
+    from gpuhook.config.units import parse_size
+
+    value = parse_size(size)
+    inodes = max(64, value // INODE_BYTES)
+    return f"size={value},nr_inodes={inodes},mode=0755,nosuid,nodev,noexec"
 
 
 def shm_options(size: str) -> str:
-    return f"size={size},mode=1777,nosuid,nodev,noexec"
+    """tmpfs options of a shm folder of ``size`` (``mps.shm_size``: a size or ``N%``)."""
+    from gpuhook.config.units import parse_size
+
+    value = size if size.endswith("%") else str(parse_size(size))
+    return f"size={value},mode=1777,nosuid,nodev,noexec"
 
 
 def _run(argv: list[str], what: str) -> None:
