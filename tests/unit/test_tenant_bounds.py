@@ -155,3 +155,32 @@ def test_a_link_in_place_of_the_folder_is_unlinked_never_followed(tmp_path: Path
     pipe.symlink_to(keep)
     assert folders.clear(str(pipe)) == []
     assert not os.path.lexists(pipe) and (keep / "precious").read_text() == "x"
+
+
+def test_a_start_that_fails_after_setting_exclusive_puts_default_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Whatever stops a new daemon after its GPUs were put in EXCLUSIVE_PROCESS (the issue's
+    RecursionError, here raised on purpose), DEFAULT is put back: never a GPU no process can
+    use. Before, only gpuhook's own MpsError did."""
+    from gpuhook.mps import daemons
+    from gpuhook.pipeline import sharing
+
+    config = factories.config(mps__gpus=["0"], mps__root=str(tmp_path / "mps"))
+    inventory = factories.inventory(1)
+    monkeypatch.setattr(daemons, "binary", lambda _inventory: "/bin/false")
+    (group,) = sharing.resolve_groups(config.mps, inventory, "test")
+    daemon = daemons.Daemon(config, inventory, group)
+    modes: list[str] = []
+
+    def fails() -> int:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(daemon, "_compute_mode", modes.append)
+    monkeypatch.setattr(daemon, "pid", lambda: None)
+    monkeypatch.setattr(daemon, "_fresh_folders", lambda: [])
+    monkeypatch.setattr(daemon, "_start_new", fails)
+    with pytest.raises(RecursionError):
+        daemon.start()
+    assert modes == ["EXCLUSIVE_PROCESS", "DEFAULT"]
+    assert not os.path.lexists(daemon.mode_record)
