@@ -364,3 +364,23 @@ def test_nested_folders_in_a_pipe_folder_do_not_break_stop_and_start(
     assert not any(p.startswith(str(mps.pipe("gpu1"))) for p in mounts_under(mps.root))
     nest(mps.pipe("gpu1"), 1200, keep)
     recovered()
+
+
+def test_a_daemon_an_older_gpuhook_started_is_named_with_the_fix(
+    mps: Mps,  # noqa: F811 - the fixture of test_mps
+) -> None:
+    """A daemon that runs with a pipe folder on mps.root's filesystem (as an older gpuhook
+    started it; here its tmpfs is detached under it): `mps start` leaves it running and says
+    how to give it folders of its own."""
+    mps.configure(gpus=[1], shm="group")
+    mps.start()
+    for folder in ("pipe", "shm"):
+        subprocess.run(["umount", "-l", str(mps.root / "gpu1" / folder)], check=True)
+    again = mps.gpuhook("mps", "start")
+    assert again.returncode == 0 and again.stdout.startswith("gpu1 (GPU 1): already running")
+    for folder in ("pipe", "shm"):
+        assert (
+            f"gpuhook: warning: gpu1 (GPU 1): {mps.root}/gpu1/{folder} is not a filesystem of the "
+            "group's own (the daemon was started by an older gpuhook): restart it: gpuhook mps "
+            "stop gpu1 && gpuhook mps start gpu1\n"
+        ) in again.stderr

@@ -178,7 +178,7 @@ def test_a_start_that_fails_after_setting_exclusive_puts_default_back(
 
     monkeypatch.setattr(daemon, "_compute_mode", modes.append)
     monkeypatch.setattr(daemon, "pid", lambda: None)
-    monkeypatch.setattr(daemon, "_fresh_folders", lambda: [])
+    monkeypatch.setattr(daemon, "_own_folders", lambda **_kw: [])
     monkeypatch.setattr(daemon, "_start_new", fails)
     with pytest.raises(RecursionError):
         daemon.start()

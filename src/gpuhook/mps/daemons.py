@@ -158,6 +158,7 @@ class Daemon:
         self.binary = binary(inventory)
         self.pipe_dir = group.pipe_dir(config.mps.root)
         self.log_dir = group.log_dir(config.mps.root)
+        self.shm_dir = group.shm_dir(config.mps.root)  # with mps.shm: a tmpfs of the group's
         self.env = {
             "PATH": f"{os.path.dirname(self.binary)}:{SYSTEM_PATH}",
             "CUDA_VISIBLE_DEVICES": group.visible_devices(),
@@ -224,12 +225,11 @@ class Daemon:
         folders a new daemon gets are made before any mode is set, and a start that fails after
         it set EXCLUSIVE_PROCESS puts DEFAULT back: never a GPU no process can use."""
         self._folders()
-        warnings: list[str] = []
         with self.lock():
             pid = self.pid()
             if pid is None:
                 self._forget()
-                warnings += self._fresh_folders()
+            warnings = self._own_folders(fresh=pid is None)
             mode = self._converge_mode()
             state = "already running"
             if pid is None:
@@ -287,21 +287,21 @@ class Daemon:
             )
         return pid
 
-    def _fresh_folders(self) -> list[str]:
-        """A new pipe folder (and shm folder), each a tmpfs of the group's own
-        (:mod:`gpuhook.mps.folders`): the ones client containers had mounted, and could fill,
-        are detached, never walked. Warnings."""
+    def _own_folders(self, fresh: bool) -> list[str]:
+        """For a new daemon (``fresh``), a new pipe folder (and shm folder), each a tmpfs of the
+        group's own (:mod:`gpuhook.mps.folders`): the ones client containers had mounted, and
+        could fill, are detached, never walked. Warnings (for a running daemon: folders that
+        are not its own filesystem, as an older gpuhook started it)."""
         from gpuhook.mps import folders
 
         mps = self.config.mps
-        warnings = folders.fresh_tmpfs(self.pipe_dir, folders.pipe_options(mps.pipe_size))
-        if mps.shm:
-            warnings += folders.fresh_tmpfs(self.shm_dir, folders.shm_options(mps.shm_size))
+        wanted = [(self.pipe_dir, folders.pipe_options(mps.pipe_size))]
+        wanted += [(self.shm_dir, folders.shm_options(mps.shm_size))] if mps.shm else []
+        if fresh:
+            warnings = [w for path, options in wanted for w in folders.fresh_tmpfs(path, options)]
+        else:
+            warnings = folders.not_own([path for path, _ in wanted], self.group.name)
         return [f"{self.label}: {w}" for w in warnings]
-
-    @property
-    def shm_dir(self) -> str:
-        return self.group.shm_dir(self.config.mps.root)
 
     def _record(self, pid: int) -> None:
         from gpuhook.fsutil import atomic_write

@@ -82,6 +82,16 @@ def clear(path: str) -> list[str]:
     return []
 
 
+def not_own(paths: list[str], group: str) -> list[str]:
+    """A line for each of a running daemon's folders that is not a filesystem of its own."""
+    return [
+        f"{path} is not a filesystem of the group's own (the daemon was started by an older "
+        f"gpuhook): restart it: gpuhook mps stop {group} && gpuhook mps start {group}"
+        for path in paths
+        if not is_mount(path)
+    ]
+
+
 def pipe_options(size: str) -> str:
     """tmpfs options of a pipe folder of ``size`` (``mps.pipe_size``, checked by the loader)."""
     from gpuhook.config.units import parse_size
