@@ -184,3 +184,19 @@ def test_a_start_that_fails_after_setting_exclusive_puts_default_back(
         daemon.start()
     assert modes == ["EXCLUSIVE_PROCESS", "DEFAULT"]
     assert not os.path.lexists(daemon.mode_record)
+
+
+def test_a_compat_folder_of_many_entries_is_listed_only_so_far(tmp_path: Path) -> None:
+    """The image's compat folder is listed up to imagefs.MAX_COMPAT_ENTRIES entries: past
+    that, one reason line (the host's libcuda is used), not a listing as long as the image
+    makes it."""
+    root = tmp_path / "rootfs"
+    driverimages.install_compat(root, "570.124.06", None)
+    folder = root / "usr/local/cuda-12.8/compat"
+    for i in range(imagefs.MAX_COMPAT_ENTRIES):
+        (folder / f"junk{i}").touch()
+    found = imagefs.compat_library(str(root))
+    assert found is not None
+    assert found.problem == (
+        f"/usr/local/cuda-12.8/compat holds more than {imagefs.MAX_COMPAT_ENTRIES} entries"
+    )
