@@ -82,6 +82,18 @@ class Mps:
             self.gpuhook("mps", "stop")
         for pid in self.daemons():  # only daemons of this test's root: ones it started
             os.kill(pid, signal.SIGKILL)
+        for mount in mounts_under(self.root):  # the groups' tmpfs of groups no longer configured
+            subprocess.run(["umount", "-l", mount], check=False)
+
+
+def mounts_under(root: Path) -> list[str]:
+    """The mount points under ``root`` in this mount namespace, deepest first."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point.startswith(f"{root}/"):
+            found.append(point)
+    return sorted(found, key=len, reverse=True)
 
 
 @pytest.fixture
@@ -399,7 +411,7 @@ def test_container_sees_the_pipe_dir_the_env_and_its_limits(
     }
     assert seen["pipe"] == ["control", "nvidia-cuda-mps-control.pid"]
     assert seen["daemon"] == ["50.0"]  # the host daemon answered through the mounted pipe dir
-    assert seen["shm"] == ["from-the-host"]
+    assert seen["shm"] == []  # the group's own shm folder, never the host folder named (issue 36.2)
     record = json.loads((bundle / "gpuhook-decision.json").read_text())
     assert record["mps"]["pinned_memory_limits"][0]["bytes"] == share * MIB
 

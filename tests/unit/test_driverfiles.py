@@ -49,8 +49,8 @@ def test_graphics_gets_loader_files_links_gbm_and_modeset() -> None:
     )
     spec = out.spec
     assert [d["path"] for d in spec["linux"]["devices"]] == [
-        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-modeset", "/dev/nvidia0",
-    ]  # fmt: skip
+        "/dev/nvidiactl", "/dev/nvidia-modeset", "/dev/nvidia0",
+    ]  # fmt: skip  (no compute: no unified memory node, as NVIDIA's libnvidia-container)
     mounts = {m["destination"]: m for m in spec["mounts"]}
     assert mounts["/usr/share/glvnd/egl_vendor.d/10_nvidia.json"]["source"] == (
         "/d/usr/share/glvnd/egl_vendor.d/10_nvidia.json"
@@ -89,6 +89,9 @@ def test_control_nodes_by_capability() -> None:
     inv = f.inventory(1)
     paths = [n.path for n in driverfiles.control_nodes(inv, frozenset({"compute"}))]
     assert paths == ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+    for caps in ({"utility"}, {"graphics"}, {"video", "utility"}):  # no CUDA without compute
+        nodes = driverfiles.control_nodes(inv, frozenset(caps))
+        assert "/dev/nvidia-uvm" not in [n.path for n in nodes], caps
     for caps in ({"graphics"}, {"display"}, {"compute", "display"}):
         nodes = driverfiles.control_nodes(inv, frozenset(caps))
         assert "/dev/nvidia-modeset" in [n.path for n in nodes]

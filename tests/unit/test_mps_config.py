@@ -37,7 +37,12 @@ def write(tmp_path: Path, text: str) -> str:
             "mps.groups.p.pinned_memory_limit: must be",
         ),
         ("mps:\n  oversubscription: maybe\n", "mps.oversubscription: 'maybe' is not one of"),
-        ("mps:\n  shm: dev/shm\n", "mps.shm: must be an absolute path or empty"),
+        (
+            "mps:\n  shm: dev/shm\n",
+            "mps.shm: must be group, empty, or (as before) an absolute path",
+        ),
+        ("mps:\n  pipe_size: 1K\n", "mps.pipe_size: '1K' is less than 1M"),
+        ("mps:\n  shm_size: 150%\n", "mps.shm_size: '150%' is not a size"),
         ("mps:\n  root: run/mps\n", "mps.root: 'run/mps' does not match"),
         (
             "mps:\n  groups:\n    gpu3: {gpus: [0]}\n",

@@ -287,9 +287,11 @@ def test_log_dir_and_shm_when_configured() -> None:
     assert [(m.host_path, m.container_path, m.options[0]) for m in p.mounts()] == [
         ("/srv/mps/gpu1/pipe", "/run/gpuhook/mps/pipe", "nosuid"),
         ("/srv/mps/gpu1/log", "/run/gpuhook/mps/log", "ro"),
-        ("/dev/shm", "/dev/shm", "nosuid"),
+        ("/srv/mps/gpu1/shm", "/dev/shm", "nosuid"),  # the group's own, never the host's
     ]
     assert p.replace_mounts() == ("/dev/shm",)
+    q = plan(grant(1), gpus=[1], shm="group", root="/srv/mps")
+    assert q is not None and q.mounts()[-1].host_path == "/srv/mps/gpu1/shm"
 
 
 @pytest.mark.parametrize(
@@ -389,7 +391,7 @@ def test_shm_replaces_the_containers_own_dev_shm() -> None:
         {
             "destination": "/dev/shm",
             "type": "bind",
-            "source": "/dev/shm",
+            "source": "/run/gpuhook/mps/gpu0/shm",
             "options": ["nosuid", "nodev", "noexec", "bind"],
         }
     ]

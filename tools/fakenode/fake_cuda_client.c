@@ -14,6 +14,8 @@
  *   active_thread_percentage <p>   its own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, at most the server's
  *   pinned_mem_limit <dev>=<MiB>M  its own CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per device, at most
  *                                  the server's default (none: not limited)
+ *   shm yes|no|none                whether the server's shared memory file is in this process's
+ *                                  /dev/shm (none: the server made none, its /dev/shm the host's)
  *
  * As the real client, a process may lower its limits below the daemon's defaults, never raise
  * them above. A daemon that refuses or queues it: "mps error <the daemon's words>", exit 1. No
@@ -102,7 +104,9 @@ int main(int argc, char **argv) {
     long server = 0;
     unsigned uid = 0;
     int pct = 100, used = 0;
-    if (sscanf(reply, "server %ld uid %u percentage %d pinned%n", &server, &uid, &pct, &used) != 3) {
+    char shm[256];
+    if (sscanf(reply, "server %ld uid %u percentage %d shm %255s pinned%n", &server, &uid, &pct, shm,
+               &used) != 4) {
         printf("mps error %s\n", reply);
         return 1;
     }
@@ -120,6 +124,9 @@ int main(int argc, char **argv) {
     if (env_pct && *env_pct && atoi(env_pct) >= 1 && atoi(env_pct) < pct) pct = atoi(env_pct);
     parse_limits(getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), own);
     printf("mps yes\nserver %ld\nserver_uid %u\nactive_thread_percentage %d\n", server, uid, pct);
+    char shm_path[300];
+    snprintf(shm_path, sizeof shm_path, "/dev/shm/%s", shm);
+    printf("shm %s\n", !strcmp(shm, "-") ? "none" : access(shm_path, F_OK) == 0 ? "yes" : "no");
     for (int d = 0; d < MAX_DEVICES; d++) {
         long long v = defaults[d];
         if (own[d] >= 0 && (v < 0 || own[d] < v)) v = own[d];

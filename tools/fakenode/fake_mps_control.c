@@ -30,7 +30,12 @@
  * server of another uid with live clients queues the client (the real client waits; the fake
  * one is told "queued" and exits); an idle one is stopped first. A server takes the daemon's
  * defaults when it starts (later set_default_* only affect the next server, as documented).
- * The reply: "server <pid> uid <uid> percentage <p> pinned <dev>=<limit>|none,...".
+ * The reply: "server <pid> uid <uid> percentage <p> shm <name> pinned <dev>=<limit>|none,...".
+ *
+ * Shared memory, as the real server shares it with its clients: a server whose /dev/shm is not
+ * the host's (the daemon runs in a mount namespace of its own, gpuhook's mps.shm) creates
+ * /dev/shm/cuda.mps.<server pid> as its uid, and the reply names it ("-": none made, so that
+ * no test writes the host's /dev/shm); the client looks for it in its own /dev/shm.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -170,9 +175,42 @@ static int live_clients(const struct server *s) {
     return n;
 }
 
+/* Whether /dev/shm is a folder mounted there for this process (the same filesystem is also
+ * mounted elsewhere: gpuhook's <mps.root>/<group>/shm), not the host's own /dev/shm. */
+static int private_shm(void) {
+    FILE *f = fopen("/proc/self/mountinfo", "r");
+    if (!f) return 0;
+    char line[8192], dev[64] = "", devs[256][64], points[256][512];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < 256) {
+        char d[64], point[512];
+        if (sscanf(line, "%*s %*s %63s %*s %511s", d, point) != 2) continue;
+        if (!strcmp(point, "/dev/shm")) snprintf(dev, sizeof dev, "%s", d);
+        snprintf(devs[n], sizeof devs[n], "%s", d);
+        snprintf(points[n], sizeof points[n], "%s", point);
+        n++;
+    }
+    fclose(f);
+    for (int i = 0; *dev && i < n; i++)
+        if (!strcmp(devs[i], dev) && strcmp(points[i], "/dev/shm")) return 1;
+    return 0;
+}
+
+/* the server's shared memory file, "" when it makes none (its /dev/shm is the host's) */
+static void shm_name(pid_t pid, char *out, size_t size) {
+    if (private_shm())
+        snprintf(out, size, "cuda.mps.%ld", (long)pid);
+    else
+        *out = 0;
+}
+
 static void stop_server(struct server *s) {
     kill(s->pid, SIGTERM);
     waitpid(s->pid, NULL, 0);
+    char name[64], path[128];
+    shm_name(s->pid, name, sizeof name);
+    snprintf(path, sizeof path, "/dev/shm/%s", name);
+    if (*name) unlink(path);
     logf_("Server %ld (uid %u) exited", (long)s->pid, (unsigned)s->uid);
     memset(s, 0, sizeof *s);
 }
@@ -237,6 +275,11 @@ static struct server *spawn_server(int client, uid_t uid, gid_t gid, char *why, 
         int s = err ? -1 : control_socket(0); /* chdir into the pipe directory, then connect */
         if (!err && s < 0) err = errno ? errno : EACCES;
         if (s >= 0) close(s);
+        char name[64], path[128];
+        shm_name(getpid(), name, sizeof name);
+        snprintf(path, sizeof path, "/dev/shm/%s", name);
+        int shm = !err && *name ? open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600) : -1;
+        if (shm >= 0) close(shm);
         if (write(status[1], &err, sizeof err) != (ssize_t)sizeof err || err) _exit(1);
         close(status[1]);
         for (;;) pause();
@@ -299,7 +342,12 @@ static void attach(int fd) {
     }
     for (int c = 0; c < MAX_CLIENTS; c++)
         if (srv->clients[c] <= 0) { srv->clients[c] = cred.pid; break; }
-    reply(fd, "server %ld uid %u percentage %d pinned", (long)srv->pid, (unsigned)srv->uid, srv->percentage);
+    char name[64], path[128];
+    shm_name(srv->pid, name, sizeof name);
+    snprintf(path, sizeof path, "/dev/shm/%s", name);
+    if (!*name || access(path, F_OK) != 0) snprintf(name, sizeof name, "-");
+    reply(fd, "server %ld uid %u percentage %d shm %s pinned", (long)srv->pid, (unsigned)srv->uid,
+          srv->percentage, name);
     for (int d = 0; d < MAX_DEVICES; d++)
         if (srv->pinned[d][0]) reply(fd, " %d=%s", d, srv->pinned[d]);
     reply(fd, "\n");

@@ -67,6 +67,8 @@ DEFAULTS: dict[str, Any] = {
         "exclusive_process": True,
         "log_dir": False,
         "shm": "",
+        "pipe_size": "16M",
+        "shm_size": "50%",
     },
 }
 
@@ -240,8 +242,19 @@ def _check_mps(path: str, mps: dict[str, Any]) -> None:
     shared GPU in MIG mode, happen where the inventory is read: ``gpuhook mps`` and create)."""
     from gpuhook.config import units
 
-    if mps["shm"] and not mps["shm"].startswith("/"):
-        raise ConfigError(path, "must be an absolute path or empty", "mps.shm")
+    if mps["shm"] and mps["shm"] != "group" and not mps["shm"].startswith("/"):
+        raise ConfigError(path, "must be group, empty, or (as before) an absolute path", "mps.shm")
+    try:
+        units.parse_size(mps["pipe_size"])
+    except ValueError as exc:
+        raise ConfigError(path, str(exc), "mps.pipe_size") from None
+    shm_size = mps["shm_size"]
+    percent = shm_size.endswith("%") and shm_size[:-1].isdigit() and 0 < int(shm_size[:-1]) <= 100
+    if not percent:
+        try:
+            units.parse_size(shm_size)
+        except ValueError as exc:
+            raise ConfigError(path, f"{exc}, or a percentage of memory", "mps.shm_size") from None
     for name in mps["groups"]:
         if name.startswith("gpu") and name[3:].isdigit():
             raise ConfigError(

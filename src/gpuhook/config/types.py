@@ -89,7 +89,9 @@ class MpsConfig(Frozen):
     oversubscription: str
     exclusive_process: bool
     log_dir: bool
-    shm: str
+    shm: str  # "" off; "group" (or an absolute path, as before): each group's own shm tmpfs
+    pipe_size: str  # each group's pipe folder tmpfs: a size (16M), as written
+    shm_size: str  # each group's shm tmpfs: a size (1G) or a percentage of memory (50%)
 
     def __init__(self, data: Mapping[str, Any]) -> None:
         groups = data.get("groups") or {}
@@ -114,6 +116,8 @@ class MpsConfig(Frozen):
             exclusive_process=data["exclusive_process"],
             log_dir=data["log_dir"],
             shm=data["shm"],
+            pipe_size=data["pipe_size"],
+            shm_size=data["shm_size"],
         )
 
     @property

@@ -45,6 +45,11 @@ _DT_SONAME = 14
 _MAX_TABLE = 16 << 20  # section or program header table, dynamic array
 _MAX_STRING = 64 << 10  # one soname
 _CHUNK = 256  # string reads from a file
+# An image's file (the forward compatibility note): bounded by what a shared library needs.
+# NVIDIA's libcuda has about 40 sections and a section name table of a few hundred bytes.
+_MAX_NOTE_SECTIONS = 1024
+_MAX_NAMES = 64 << 10
+_MAX_ENTRY = 256  # a section header entry: 40 (ELF32) or 64 (ELF64) bytes
 
 
 class ElfError(ValueError):
@@ -210,13 +215,26 @@ def _section_headers(
 
 
 def _raw_section_headers(
-    src: _Source, lay: _Layout, shoff: int, shentsize: int, shnum: int
+    src: _Source,
+    lay: _Layout,
+    shoff: int,
+    shentsize: int,
+    shnum: int,
+    most: int | None = None,
 ) -> list[tuple[int, ...]]:
+    """The unpacked section headers; ``most``: the largest count accepted (None: any whose
+    table fits :data:`_MAX_TABLE`)."""
     if shentsize < lay.shdr.size:
         raise ElfError(f"section header size {shentsize} is too small")
+    if shentsize > _MAX_ENTRY:
+        raise ElfError(f"section header size {shentsize} is implausibly large")
     if shnum == 0:  # extended numbering: the count is in section 0's sh_size
         first = lay.section(lay.shdr.unpack(src.read(shoff, lay.shdr.size, "section header 0")))
         shnum = first[2]
+    if most is not None and shnum > most:
+        raise ElfError(
+            f"{shnum} section headers is more than a shared library has (at most {most})"
+        )
     if shnum * shentsize > _MAX_TABLE:
         raise ElfError(f"{shnum} section headers is implausibly many")
     table = src.read(shoff, shnum * shentsize, "section header table")
@@ -311,27 +329,42 @@ def _soname(src: _Source) -> str | None:
 
 def _note(src: _Source, section: str, owner: str) -> bytes | None:
     """The description of the first note of ``owner`` in the ``SHT_NOTE`` section named
-    ``section`` (found through the section headers and their string table), or None."""
+    ``section`` (found through the section headers and their string table), or None.
+
+    The file is an image's (untrusted): the work is bounded by what a shared library needs, not
+    by what its headers claim. At most :data:`_MAX_NOTE_SECTIONS` section headers, a section name
+    table of at most :data:`_MAX_NAMES` bytes read once, one note section of at most
+    :data:`_MAX_NOTE` bytes: five reads at most, under 200 KiB, whatever the file says."""
     elf_class, data = _ident(src.read(0, min(16, src.size), "ELF identification"))
     lay = _layout(elf_class, data)
     header = lay.ehdr.unpack(src.read(0, lay.ehdr.size, "ELF header"))
     shoff, shentsize, shnum, shstrndx = header[5], header[10], header[11], header[12]
     if shoff == 0:
         return None
-    raw = _raw_section_headers(src, lay, shoff, shentsize, shnum)
+    raw = _raw_section_headers(src, lay, shoff, shentsize, shnum, _MAX_NOTE_SECTIONS)
     if shstrndx >= len(raw):
         raise ElfError(f"section name table {shstrndx} of {len(raw)} sections")
-    _t, names_offset, names_size, _l, _i = lay.section(raw[shstrndx])
+    names = _names(src, lay.section(raw[shstrndx]))
+    wanted = section.encode() + b"\0"
     order = "<" if data == 1 else ">"
     for fields in raw:
         sh_type, offset, size, _link, _info = lay.section(fields)
         name_at = fields[0]
-        if sh_type != _SHT_NOTE or size > _MAX_NOTE or name_at >= names_size:
+        if sh_type != _SHT_NOTE or size > _MAX_NOTE or name_at >= len(names):
             continue
-        name = src.string(names_offset + name_at, names_offset + names_size, "section name")
-        if name == section:
+        if names[name_at : name_at + len(wanted)] == wanted:
             return _note_desc(src.read(offset, size, "note section"), order, owner)
     return None
+
+
+def _names(src: _Source, shstrtab: tuple[int, int, int, int, int]) -> bytes:
+    """The section name table, read whole once (at most :data:`_MAX_NAMES` bytes)."""
+    _type, offset, size, _link, _info = shstrtab
+    if size > _MAX_NAMES:
+        raise ElfError(
+            f"section name table of {size} bytes is implausibly large (at most {_MAX_NAMES})"
+        )
+    return src.read(offset, size, "section name table")
 
 
 def _note_desc(raw: bytes, order: str, owner: str) -> bytes | None:

@@ -158,6 +158,7 @@ class Daemon:
         self.binary = binary(inventory)
         self.pipe_dir = group.pipe_dir(config.mps.root)
         self.log_dir = group.log_dir(config.mps.root)
+        self.shm_dir = group.shm_dir(config.mps.root)  # with mps.shm: a tmpfs of the group's
         self.env = {
             "PATH": f"{os.path.dirname(self.binary)}:{SYSTEM_PATH}",
             "CUDA_VISIBLE_DEVICES": group.visible_devices(),
@@ -220,16 +221,21 @@ class Daemon:
 
     def start(self) -> dict[str, Any]:
         """Start the daemon unless it runs, put the GPUs in the configured compute mode (also
-        when it runs: a start converges), then set the group's share as its defaults."""
+        when it runs: a start converges), then set the group's share as its defaults. The
+        folders a new daemon gets are made before any mode is set, and a start that fails after
+        it set EXCLUSIVE_PROCESS puts DEFAULT back: never a GPU no process can use."""
         self._folders()
         with self.lock():
             pid = self.pid()
+            if pid is None:
+                self._forget()
+            warnings = self._own_folders(fresh=pid is None)
             mode = self._converge_mode()
             state = "already running"
             if pid is None:
                 try:
                     pid, state = self._start_new(), "started"
-                except MpsError:
+                except BaseException:
                     if mode == EXCLUSIVE:  # no daemon: leave the GPUs usable
                         self._restore_mode()
                     raise
@@ -246,7 +252,7 @@ class Daemon:
             "pid": pid,
             "defaults_set": defaults,
             "compute_mode": mode,
-            "warnings": [non_root_warning(self.group.name, blocked)] if blocked else [],
+            "warnings": warnings + [non_root_warning(self.group.name, b) for b in [blocked] if b],
         }
 
     def _folders(self) -> None:
@@ -272,8 +278,6 @@ class Daemon:
         return None
 
     def _start_new(self) -> int:
-        self._forget()
-        self._fresh_pipe_dir()
         self._spawn()
         pid: int | None = _wait(lambda: find_daemon(self.pipe_dir), START_TIMEOUT_S)
         if pid is None:
@@ -283,20 +287,21 @@ class Daemon:
             )
         return pid
 
-    def _fresh_pipe_dir(self) -> None:
-        """A new, empty pipe folder (root's, 0755): the old one, which client containers had
-        mounted and could fill, is renamed away and removed without following its links."""
-        import shutil
+    def _own_folders(self, fresh: bool) -> list[str]:
+        """For a new daemon (``fresh``), a new pipe folder (and shm folder), each a tmpfs of the
+        group's own (:mod:`gpuhook.mps.folders`): the ones client containers had mounted, and
+        could fill, are detached, never walked. Warnings (for a running daemon: folders that
+        are not its own filesystem, as an older gpuhook started it)."""
+        from gpuhook.mps import folders
 
-        if os.path.lexists(self.pipe_dir):
-            old = f"{self.pipe_dir}.old-{os.getpid()}"
-            os.rename(self.pipe_dir, old)
-            if os.path.isdir(old) and not os.path.islink(old):
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.unlink(old)
-        os.mkdir(self.pipe_dir, 0o755)
-        os.chmod(self.pipe_dir, 0o755)  # noqa: S103 - whatever the umask: servers reach it
+        mps = self.config.mps
+        wanted = [(self.pipe_dir, folders.pipe_options(mps.pipe_size))]
+        wanted += [(self.shm_dir, folders.shm_options(mps.shm_size))] if mps.shm else []
+        if fresh:
+            warnings = [w for path, options in wanted for w in folders.fresh_tmpfs(path, options)]
+        else:
+            warnings = folders.not_own([path for path, _ in wanted], self.group.name)
+        return [f"{self.label}: {w}" for w in warnings]
 
     def _record(self, pid: int) -> None:
         from gpuhook.fsutil import atomic_write
@@ -313,6 +318,8 @@ class Daemon:
         import subprocess
         import tempfile
 
+        from gpuhook.mps.folders import with_shm
+
         # stdout/stderr to a file, not a pipe: the daemonized child may keep them open
         with tempfile.TemporaryFile() as err:
             try:
@@ -325,13 +332,14 @@ class Daemon:
                     cwd="/",
                     timeout=START_TIMEOUT_S,
                     check=False,
+                    preexec_fn=with_shm(self.shm_dir) if self.config.mps.shm else None,
                 )
             except subprocess.TimeoutExpired:
                 raise MpsError(
                     f"{self.label}: {self.binary} -d did not return within {START_TIMEOUT_S:.0f}s"
                 ) from None
-            except OSError as exc:
-                raise MpsError(f"{self.label}: cannot run {self.binary}: {exc.strerror}") from None
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise MpsError(f"{self.label}: cannot run {self.binary}: {exc}") from None
             if proc.returncode != 0:
                 err.seek(0)
                 why = _last_line(err.read().decode(errors="replace")) or "no message"
@@ -354,6 +362,10 @@ class Daemon:
                 self._signal_until_gone(pid)
                 state = "stopped"
             self._forget()
+            from gpuhook.mps import folders
+
+            for folder in (self.pipe_dir, self.shm_dir):  # containers keep what they mounted
+                folders.detach(folder)
             mode = None
             if self.config.mps.exclusive_process or os.path.lexists(self.mode_record):
                 self._restore_mode()

@@ -35,6 +35,11 @@ RO_BIND = ("ro", "nosuid", "nodev", "bind")
 TMPFS_OPTIONS = ("nosuid", "nodev", "mode=755")
 MODESET = "/dev/nvidia-modeset"
 MODESET_CAPABILITIES = frozenset({"graphics", "display"})
+# CUDA's unified memory nodes: without them no CUDA context can be made (libcuda, even one an
+# image ships, fails cuInit), so only the compute capability gets them, as NVIDIA's
+# libnvidia-container mounts no node outside the nvidia major without it. On an MPS-shared GPU
+# that makes a grant MPS (compute: the MPS plan) or no CUDA at all (utility: NVML only).
+UVM = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 DISPLAY_LIBRARIES = ("libnvidia-wfb.so", "nvidia_drv.so", "libglxserver_nvidia.so")
 GLX_VENDOR = "libGLX_nvidia.so"
 GLX_INDIRECT = "libGLX_indirect.so.0"
@@ -67,9 +72,15 @@ def compat32_dir(lib_dir: str) -> str:
 
 
 def control_nodes(inventory: Inventory, caps: frozenset[str]) -> list[DeviceNode]:
-    """The control nodes for ``caps``: /dev/nvidia-modeset only for graphics and display."""
+    """The control nodes for ``caps``: /dev/nvidia-modeset only for graphics and display, the
+    unified memory nodes (:data:`UVM`) only for compute."""
     modeset = bool(caps & MODESET_CAPABILITIES)
-    return [n for n in inventory.control_nodes if modeset or n.path != MODESET]
+    uvm = "compute" in caps
+    return [
+        n
+        for n in inventory.control_nodes
+        if (modeset or n.path != MODESET) and (uvm or n.path not in UVM)
+    ]
 
 
 def driver_files(

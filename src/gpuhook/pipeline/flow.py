@@ -74,11 +74,12 @@ def run(
     decision = policy.decide(
         req, config.policy, config.default_capabilities, inventory, allocation, allocation_error
     )
+    # the image first: MPS admission holds the node-wide lock until the record is written
+    compat = _compat(decision, inventory, config, rootfs, compat_source)
     mps_plan: MpsPlan | None = None
     if config.mps.enabled and decision.devices:
         client = identity.client_of(spec)
         mps_plan = _mps(decision, inventory(), config, req, client, mps_probe, mps_admit)
-    compat = _compat(decision, inventory, config, rootfs, compat_source)
     try:
         container_edits = inject.edits_for(
             decision,

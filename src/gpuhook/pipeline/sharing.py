@@ -101,6 +101,10 @@ class Group(Frozen):
     def log_dir(self, root: str) -> str:
         return f"{root.rstrip('/')}/{self.name}/log"
 
+    def shm_dir(self, root: str) -> str:
+        """The group's own shm folder (a tmpfs, :mod:`gpuhook.mps.folders`)."""
+        return f"{root.rstrip('/')}/{self.name}/shm"
+
     @property
     def indices(self) -> str:
         return ",".join(str(g.index) for g in self.gpus)
@@ -390,7 +394,7 @@ def plan(
         group.name,
         group.pipe_dir(mps.root),
         group.log_dir(mps.root) if mps.log_dir else "",
-        mps.shm,
+        group.shm_dir(mps.root) if mps.shm else "",
         percentage if percentage is not None else 100,
         percentage_source if percentage is not None else "no share configured",
         tuple(devices),

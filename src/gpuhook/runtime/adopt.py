@@ -58,6 +58,7 @@ def executor(conn: socket.socket, argv: list[str]) -> Execute:
         if not stat.S_ISREG(st.st_mode) or not os.access(path, os.X_OK):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
         flush()
+        pool.unbind()
         try:
             conn.send(encode_reply(EXEC, os.fsencode(os.path.abspath(path))))
         except OSError:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 MAX_LINKS = 40
+MAX_COMPAT_ENTRIES = 4096  # NVIDIA's compat folder holds about ten files
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -95,9 +96,12 @@ def compat_library(rootfs: str) -> CompatLibrary | None:
 
 def _compat_in(dir_fd: int, folder: str) -> CompatLibrary | None:
     try:
-        names = sorted(n for n in os.listdir(dir_fd) if _versioned_libcuda(n))
+        names = _listing(dir_fd)
     except OSError as exc:
         return CompatLibrary(folder, problem=f"{folder} cannot be listed ({exc.strerror})")
+    if names is None:
+        too_many = f"{folder} holds more than {MAX_COMPAT_ENTRIES} entries"
+        return CompatLibrary(folder, problem=too_many)
     if not names:
         return None
     if len(names) > 1:
@@ -110,6 +114,19 @@ def _compat_in(dir_fd: int, folder: str) -> CompatLibrary | None:
         why = exc.strerror if isinstance(exc, OSError) else str(exc)
         return CompatLibrary(folder, name, version, problem=f"{folder}/{name} unreadable: {why}")
     return CompatLibrary(folder, name, version, drivers, brands)
+
+
+def _listing(dir_fd: int) -> list[str] | None:
+    """The versioned libcuda names of the folder, None past :data:`MAX_COMPAT_ENTRIES` entries
+    (an image's folder: its listing is bounded too)."""
+    names = []
+    with os.scandir(dir_fd) as entries:
+        for count, entry in enumerate(entries):
+            if count >= MAX_COMPAT_ENTRIES:
+                return None
+            if _versioned_libcuda(entry.name):
+                names.append(entry.name)
+    return sorted(names)
 
 
 def _versioned_libcuda(name: str) -> bool:

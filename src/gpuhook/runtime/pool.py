@@ -175,3 +175,39 @@ def _child(
         pass
     finally:
         finish(0)
+
+
+# --- a worker lives no longer than its caller -----------------------------------------------------
+
+# A call that has not replied by then is ended: the kubelet gives a create two minutes
+# (--runtime-request-timeout) and the engine's shim has given up on it long before this.
+CALL_LIMIT_S = 180
+
+
+def bind_to_caller(conn: socket.socket) -> None:
+    """End this worker (SIGIO's default action) as soon as its caller is gone, and once
+    :data:`CALL_LIMIT_S` pass (SIGALRM's): the caller sends one message and waits, so any event
+    on the connection is its end (its process killed, as by a kubelet's timeout). A worker that
+    ends leaves nothing held: its locks are descriptors, and the caller gets no answer. Called
+    once the request is taken; :func:`unbind` before the reply."""
+    import fcntl
+    import select
+    import signal
+
+    fd = conn.fileno()
+    signal.signal(signal.SIGIO, signal.SIG_DFL)
+    fcntl.fcntl(fd, fcntl.F_SETOWN, os.getpid())
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_ASYNC)
+    signal.alarm(CALL_LIMIT_S)
+    watch = select.poll()
+    watch.register(fd, select.POLLIN | select.POLLRDHUP)
+    if watch.poll(0):  # gone before the watch was set
+        os.kill(os.getpid(), signal.SIGIO)
+
+
+def unbind() -> None:
+    """The reply is being sent: the caller closing the connection after it is no news."""
+    import signal
+
+    signal.signal(signal.SIGIO, signal.SIG_IGN)
+    signal.alarm(0)

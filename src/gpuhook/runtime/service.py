@@ -367,6 +367,7 @@ def _run(conn: socket.socket, request: Request, fds: list[int], umask: int, call
         return
     from gpuhook.runtime import shim
 
+    pool.bind_to_caller(conn)  # a caller killed meanwhile (a kubelet's timeout) ends this worker
     try:
         code = shim.main(argv, adopt.executor(conn, argv), caller)
     except BaseException as exc:
@@ -400,6 +401,7 @@ def _decline(conn: socket.socket, reason: str) -> None:
 
 
 def _send(conn: socket.socket, kind: bytes, payload: bytes) -> None:
+    pool.unbind()
     try:
         conn.send(encode_reply(kind, payload))
     except OSError:
