@@ -45,7 +45,14 @@ def rootfs_of(bundle: str, spec: dict[str, Any]) -> str:
 def inventory(config: Config) -> Inventory:
     from gpuhook.inventory import store
 
-    return store.load_current(config)
+    return store.load_current(config, finish=_prepared)
+
+
+def _prepared(config: Config, inventory: Inventory) -> Inventory:
+    """A refreshed inventory with its driver's prepared folders (imported only then)."""
+    from gpuhook.runtime import prepared
+
+    return prepared.finish(config, inventory)
 
 
 def checkpoint(path: str, pod_uid: str, container: str) -> Allocation:

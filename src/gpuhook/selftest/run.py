@@ -8,8 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from gpuhook.errors import GpuhookError
-from gpuhook.inventory import store
-from gpuhook.runtime import locate, service
+from gpuhook.runtime import decide, locate, service
 from gpuhook.selftest import checks, cuda, lifecycle, report, rootfs
 from gpuhook.selftest.mps_check import check_mps
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result
@@ -79,7 +78,7 @@ def load_inventory(config: Config) -> tuple[Inventory | None, Result]:
 
     fix = "gpuhook inventory refresh"
     try:
-        inventory = store.load_current(config)
+        inventory = decide.inventory(config)
     except GpuhookError as exc:
         return None, Result("inventory", FAIL, str(exc), fix)
     where = config.inventory_path
