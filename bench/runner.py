@@ -34,8 +34,11 @@ from cases import (
     GPUHOOK,
     GPUHOOK_PYTHON,
     INTERP,
+    NOHOOK,
     OURS,
     PASSTHROUGH,
+    PER_FILE,
+    RUNC_PARTS,
     case_spec_kwargs,
 )
 from nodes import BASE_PATH, cache_env, make_node, start_service, tail, write_checkpoint
@@ -140,6 +143,11 @@ class Bench:
                     f"{case}-{rt.name}", rt, node, case_spec_kwargs(case, self.node_b), rootfs
                 )
         self.edited = self.edited_bundle()
+        self.parts = {
+            EDITED[0]: self.edited,
+            NOHOOK[0]: self.derived_bundle("nohook-runc", without_hooks(self.edited.original)),
+            PER_FILE[0]: self.per_file_bundle(),
+        }
         widths = [int(n) for n in o.concurrency.split(",") if n.strip()] if o.concurrency else []
         self.widths = widths
         self.pool: dict[str, list[Bundle]] = {rt.name: [] for rt in self.runtimes}
@@ -172,6 +180,36 @@ class Bench:
         take_edited_spec(self.bundles[("gpu1", GPUHOOK)], b, self.next_id())
         return b
 
+    def derived_bundle(self, name: str, spec: bytes) -> Bundle:
+        """A runc bundle of the 1-GPU case whose config.json is ``spec``, its path swapped in."""
+        runc = next(rt for rt in self.runtimes if rt.name == "runc")
+        b = self._bundle(name, runc, "a", case_spec_kwargs("gpu1", self.node_b))
+        b.original = spec.replace(self.edited.path.encode(), b.path.encode())
+        return b
+
+    def per_file_bundle(self) -> Bundle:
+        """A runc bundle whose spec is gpuhook's 1-GPU spec with the driver's libraries bound
+        per file: gpuhook's create on node a while its inventory names no prepared folder (as
+        the inventory of a gpuhook before them), the inventory restored after."""
+        runc = next(rt for rt in self.runtimes if rt.name == "runc")
+        b = self._bundle("perfile-runc", runc, "a", case_spec_kwargs("gpu1", self.node_b))
+        path = os.path.join(self.node_a["state_dir"], "inventory.json")
+        with open(path, "rb") as fh:
+            original = fh.read()
+        inventory = json.loads(original)
+        if not inventory.pop("prepared", None):
+            raise BenchError(f"node a's inventory names no prepared driver folder: {path}")
+        try:
+            with open(path, "w") as fh:
+                json.dump(inventory, fh)
+            take_edited_spec(self.bundles[("gpu1", GPUHOOK)], b, self.next_id())
+        finally:
+            with open(path, "wb") as fh:
+                fh.write(original)
+        if b.original.count(b'"bind"') < 10:
+            raise BenchError("gpuhook's per-file 1-GPU spec does not bind the libraries per file")
+        return b
+
     def _bundle(
         self, name: str, rt: Runtime, node: str, kw: dict[str, Any], rootfs: str = ""
     ) -> Bundle:
@@ -196,14 +234,14 @@ class Bench:
         samples: dict[str, dict[str, list[float]]] = {}
         jobs = [(case, rt.name) for case, _, _ in CASES for rt in self.runtimes]
         jobs += [(PASSTHROUGH[0], rt.name) for rt in self.runtimes]
-        jobs += [(INTERP[0], "python"), (EDITED[0], "runc")]
+        jobs += [(INTERP[0], "python")] + [(key, "runc") for key, _ in RUNC_PARTS]
         total = warmup + iterations
         started = time.monotonic()
         for it in range(total):
             self.rng.shuffle(jobs)
             for case, rt_name in jobs:
-                if case == EDITED[0]:
-                    b = self.edited
+                if case in self.parts:
+                    b = self.parts[case]
                     create, start, delete, cpu = lifecycle(b, self.next_id())
                     if it >= warmup:
                         samples.setdefault(case, {}).setdefault(rt_name, []).append(
@@ -406,6 +444,13 @@ def _has_gpu_devices(case: str, devices: list[Any]) -> bool:
     if case == "mig56":
         return "/dev/nvidia7" in devices and any("nvidia-caps" in str(d) for d in devices)
     raise ValueError(case)
+
+
+def without_hooks(spec: bytes) -> bytes:
+    """``spec`` without its hooks."""
+    data = json.loads(spec)
+    data.pop("hooks", None)
+    return json.dumps(data).encode()
 
 
 def _read_spec(b: Bundle) -> dict[str, Any]:
