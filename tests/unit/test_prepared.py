@@ -113,3 +113,12 @@ def test_old_generations_are_removed_only_when_nothing_holds_them(tmp_path: Path
     # the current one, the newest other one (a create may hold an inventory naming it) stay
     assert sorted(removed) == [".tmp-999999999-00", "b2", "c3"]
     assert sorted(os.listdir(root)) == [f".tmp-{os.getpid()}-00", "a1", "d4"]
+
+
+def test_a_generation_that_is_gone_gives_per_file_mounts(tmp_path: Path) -> None:
+    """A state folder wiped under the inventory: creates bind the files, never a missing folder."""
+    gone = str(tmp_path / "driverfiles/0123/compute+utility")
+    inventory = f.inventory(2).replace(prepared=(("compute,utility", gone),))
+    assert decide._present(inventory).prepared == ()
+    os.makedirs(gone)
+    assert decide._present(inventory) is inventory

@@ -45,7 +45,17 @@ def rootfs_of(bundle: str, spec: dict[str, Any]) -> str:
 def inventory(config: Config) -> Inventory:
     from gpuhook.inventory import store
 
-    return store.load_current(config, finish=_prepared)
+    return _present(store.load_current(config, finish=_prepared))
+
+
+def _present(inventory: Inventory) -> Inventory:
+    """``inventory`` less its prepared driver folders when their generation is gone (a state
+    folder wiped under it): every set then gets per-file mounts. One stat."""
+    import os
+
+    if inventory.prepared and not os.path.isdir(os.path.dirname(inventory.prepared[0][1])):
+        return inventory.replace(prepared=())
+    return inventory
 
 
 def _prepared(config: Config, inventory: Inventory) -> Inventory:
