@@ -16,7 +16,7 @@ edits (:mod:`gpuhook.pipeline.inject`) and the CDI export (:mod:`gpuhook.engines
   server driver files (headless) gets the node and nothing else, never a failure.
 - The driver binaries of the capabilities, the firmware (compute, utility) and the IPC sockets.
 - Where ``gpuhook inventory refresh`` prepared the library folders of the capability set on the
-  host (:mod:`gpuhook.inventory.prepared`: the same files, sonames and links, made once per
+  host (:mod:`gpuhook.runtime.prepared`: the same files, sonames and links, made once per
   driver), each folder is ONE read-only bind mount of its prepared folder instead of the tmpfs
   and a bind per file, the links are there already, and the ldcache hook reads the folder's
   ldconfig entries prepared with it (``--cache FOLDER=DIR``) instead of running ldconfig.
@@ -80,7 +80,7 @@ def control_nodes(inventory: Inventory, caps: frozenset[str]) -> list[DeviceNode
 
 
 # A prepared capability set's folder on the host: its library folders (the mount sources) and
-# beside each the folder holding that folder's ldconfig entries (gpuhook.inventory.prepared).
+# beside each the folder holding that folder's ldconfig entries (gpuhook.runtime.prepared).
 PREPARED_LIBS = "lib"
 PREPARED_LIBS32 = "lib32"
 PREPARED_CACHE_SUFFIX = ".ldcache"
@@ -142,7 +142,7 @@ def per_file(
     image_env: Sequence[str] = (),
 ) -> DriverFiles:
     """The driver files of ``caps`` as a tmpfs per library folder with a read-only bind mount
-    per library and soname, the links made by the hook; what :mod:`gpuhook.inventory.prepared`
+    per library and soname, the links made by the hook; what :mod:`gpuhook.runtime.prepared`
     makes on the host."""
     lib_dir = config.lib_dir.rstrip("/") or "/"
     libs64 = [lib for lib in inventory.libraries if _wanted(lib, caps)]
@@ -264,7 +264,8 @@ def _modeset_notes(inventory: Inventory, caps: frozenset[str]) -> list[Note]:
         notes.append(
             Note(
                 "display: no X server driver files on this host (headless)",
-                "display adds the modeset node and nothing else here; the container is not refused",
+                "display adds the modeset node and nothing else here; the container is not "
+                "refused",
             )
         )
     return notes
