@@ -122,3 +122,22 @@ def test_a_generation_that_is_gone_gives_per_file_mounts(tmp_path: Path) -> None
     assert decide._present(inventory).prepared == ()
     os.makedirs(gone)
     assert decide._present(inventory) is inventory
+
+
+def test_the_32_bit_folder_is_its_own_bind_with_its_own_entries() -> None:
+    from gpuhook.model.inventory import Library
+
+    cuda32 = Library("libcuda.so.550.1", "/d/lib32/libcuda.so.550.1", "libcuda.so.1", "550.1",
+                     "compat32")  # fmt: skip
+    base = f.inventory(2)
+    inventory = base.replace(
+        libraries=(*base.libraries, cuda32), prepared=(("compat32,compute,utility", HOST),)
+    )
+    spec = _spec(inventory, "NVIDIA_DRIVER_CAPABILITIES=compute,utility,compat32")
+    lib = {
+        m["destination"]: m["source"] for m in spec["mounts"] if m["destination"].startswith(LIB)
+    }
+    assert lib == {LIB: f"{HOST}/lib", LIB + "32": f"{HOST}/lib32"}
+    args = spec["hooks"]["createContainer"][0]["args"]
+    caches = [args[i + 1] for i, a in enumerate(args) if a == "--cache"]
+    assert caches == [f"{LIB}={HOST}/lib.ldcache", f"{LIB}32={HOST}/lib32.ldcache"]
