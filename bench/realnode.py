@@ -34,11 +34,16 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+sys.path.insert(0, os.path.join(os.path.dirname(BENCH), "tools"))
 
-import lifecycle as lc
-import peer
-import testbed  # lifecycle put tools/ on the path
+import bundles  # noqa: E402
+import cases  # noqa: E402
+import nodes  # noqa: E402
+import peer  # noqa: E402
+import stats  # noqa: E402
+import testbed  # noqa: E402
 
 CASES = (
     ("nongpu", "non-GPU container"),
@@ -64,7 +69,7 @@ def node_config(config: str, work: str, socket: str) -> str:
     with open(inventory["path"]) as fh:
         gpus = [g["uuid"] for g in json.load(fh).get("gpus", [])]
     checkpoint = os.path.join(work, "kubelet_internal_checkpoint")  # other pods hold every GPU
-    lc.write_checkpoint(checkpoint, gpus)
+    nodes.write_checkpoint(checkpoint, gpus)
     policy = data.setdefault("policy", {}).setdefault("kubernetes", {})
     policy["checkpoint"] = checkpoint
     data.setdefault("runtime", {})["service"] = socket
@@ -90,7 +95,7 @@ def nvidia_config(opts: argparse.Namespace, driver_root: str, dev_root: str, wor
     out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
     if out.returncode != 0:
         why = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise lc.BenchError(f"nvidia-ctk cdi generate failed: {why}")
+        raise bundles.BenchError(f"nvidia-ctk cdi generate failed: {why}")
     return peer.write_runtime_config(xdg, driver_root, opts.runc, spec_dir)
 
 
@@ -102,8 +107,8 @@ class RealBench:
         self.work = tempfile.mkdtemp(prefix="gpuhook-realbench-", dir=opts.work)
         self.ids = 0
         self.service: subprocess.Popen[bytes] | None = None
-        self.runtimes: list[lc.Runtime] = []
-        self.bundles: dict[tuple[str, str], lc.Bundle] = {}
+        self.runtimes: list[bundles.Runtime] = []
+        self.bundles: dict[tuple[str, str], bundles.Bundle] = {}
         self.cases = [c for c, _ in CASES if c != "gpu1big" or shutil.which("gcc")]
 
     def next_id(self) -> str:
@@ -115,11 +120,15 @@ class RealBench:
         socket = os.path.join(self.work, "runtime.sock")
         config = node_config(o.config, self.work, socket)
         cache = os.path.join(self.work, "config-cache")
-        base = {"PATH": lc.BASE_PATH, "LANG": "C"}
+        base = {"PATH": nodes.BASE_PATH, "LANG": "C"}
         ours = {**base, "GPUHOOK_CONFIG": config, "GPUHOOK_CACHE_DIR": cache}
         truth = {"bench_config": config, "env": {"GPUHOOK_CACHE_DIR": cache}}
-        self.service = lc.start_service(o.hook, socket, truth, os.path.join(self.work, "svc.log"))
-        self.runtimes = [lc.Runtime("runc", o.runc, base), lc.Runtime(lc.GPUHOOK, o.runtime, ours)]
+        log = os.path.join(self.work, "svc.log")
+        self.service = nodes.start_service(o.hook, socket, truth, log)
+        self.runtimes = [
+            bundles.Runtime("runc", o.runc, base),
+            bundles.Runtime(cases.GPUHOOK, o.runtime, ours),
+        ]
         if o.nvidia_runtime:
             with open(config) as fh:
                 data = yaml.safe_load(fh) or {}
@@ -127,16 +136,16 @@ class RealBench:
                 o, data.get("driver_root", "/"), data.get("dev_root", "/"), self.work
             )
             self.runtimes.append(
-                lc.Runtime(NVIDIA, o.nvidia_runtime, {**base, "XDG_CONFIG_HOME": xdg})
+                bundles.Runtime(NVIDIA, o.nvidia_runtime, {**base, "XDG_CONFIG_HOME": xdg})
             )
         rootfs = testbed.build_rootfs(os.path.join(self.work, "rootfs"))
         big = ""
         if "gpu1big" in self.cases:
             big = testbed.build_rootfs(os.path.join(self.work, "rootfs-big"))
-            testbed.add_libraries(big, lc.BIG_IMAGE_LIBRARIES)
+            testbed.add_libraries(big, cases.BIG_IMAGE_LIBRARIES)
         template = testbed.base_spec(os.path.join(self.work, "spec"))
         for case in self.cases:
-            kw = lc.case_spec_kwargs(case if case != "gpu1big" else "gpu1", {})
+            kw = cases.case_spec_kwargs(case if case != "gpu1big" else "gpu1", {})
             for rt in self.runtimes:
                 fs = big if case == "gpu1big" else rootfs
                 self.bundles[(case, rt.name)] = self._bundle(
@@ -145,25 +154,30 @@ class RealBench:
         self.edited = self._edited(rootfs, template)
 
     def _bundle(
-        self, name: str, rt: lc.Runtime, rootfs: str, kw: dict[str, Any], template: dict[str, Any]
-    ) -> lc.Bundle:
+        self,
+        name: str,
+        rt: bundles.Runtime,
+        rootfs: str,
+        kw: dict[str, Any],
+        template: dict[str, Any],
+    ) -> bundles.Bundle:
         path = os.path.join(self.work, "bundles", name)
         testbed.make_bundle(path, rootfs, args=("/bin/true",), spec_template=template, **kw)
         with open(os.path.join(path, "config.json"), "rb") as fh:
             original = fh.read()
         state = os.path.join(self.work, "state", rt.name)
         os.makedirs(state, exist_ok=True)
-        return lc.Bundle(path, original, rt, state)
+        return bundles.Bundle(path, original, rt, state)
 
-    def _edited(self, rootfs: str, template: dict[str, Any]) -> lc.Bundle:
+    def _edited(self, rootfs: str, template: dict[str, Any]) -> bundles.Bundle:
         """Plain runc on the spec gpuhook-runtime wrote for GPU 0 (its bundle path swapped)."""
         b = self._bundle(
-            "edited-runc", self.runtimes[0], rootfs, lc.case_spec_kwargs("gpu1", {}), template
+            "edited-runc", self.runtimes[0], rootfs, cases.case_spec_kwargs("gpu1", {}), template
         )
-        lc.take_edited_spec(self.bundles[("gpu1", lc.GPUHOOK)], b, self.next_id())
+        bundles.take_edited_spec(self.bundles[("gpu1", cases.GPUHOOK)], b, self.next_id())
         return b
 
-    def check_spec(self, case: str, b: lc.Bundle) -> None:
+    def check_spec(self, case: str, b: bundles.Bundle) -> None:
         """A GPU case's spec must hold GPU 0's node; gpuhook's leak case must hold none (and
         ``void``): a runtime that did less is not measured doing the case's work."""
         with open(b.config, "rb") as fh:
@@ -171,12 +185,12 @@ class RealBench:
         devices = [d.get("path") for d in spec.get("linux", {}).get("devices", []) or []]
         if case == "leak":
             env = spec.get("process", {}).get("env", [])
-            if b.runtime.name == lc.GPUHOOK and (
+            if b.runtime.name == cases.GPUHOOK and (
                 "NVIDIA_VISIBLE_DEVICES=void" not in env or "/dev/nvidia0" in devices
             ):
-                raise lc.BenchError(f"gpuhook's leak-case spec grants a GPU: {b.config}")
+                raise bundles.BenchError(f"gpuhook's leak-case spec grants a GPU: {b.config}")
         elif "/dev/nvidia0" not in devices:
-            raise lc.BenchError(f"{b.runtime.name}'s GPU spec lacks /dev/nvidia0: {b.config}")
+            raise bundles.BenchError(f"{b.runtime.name}'s GPU spec lacks /dev/nvidia0: {b.config}")
 
     def run(self, iterations: int, warmup: int) -> dict[str, dict[str, list[float]]]:
         samples: dict[str, dict[str, list[float]]] = {}
@@ -187,9 +201,9 @@ class RealBench:
                 b = self.edited if case == EDITED[0] else self.bundles[(case, name)]
                 cid = self.next_id()
                 try:
-                    create, start, delete, cpu = lc.lifecycle(b, cid)
-                except lc.BenchError:
-                    lc.force_delete(b.runtime, b.state, cid)
+                    create, start, delete, cpu = bundles.lifecycle(b, cid)
+                except bundles.BenchError:
+                    bundles.force_delete(b.runtime, b.state, cid)
                     raise
                 if it == 0 and case != "nongpu" and name != "runc":
                     self.check_spec(case, b)
@@ -199,7 +213,7 @@ class RealBench:
                     )
                     samples.setdefault(case + ":cpu", {}).setdefault(name, []).append(cpu)
             if self.service is not None and self.service.poll() is not None:
-                raise lc.BenchError("the runtime service exited during the run")
+                raise bundles.BenchError("the runtime service exited during the run")
         return samples
 
     def cleanup(self) -> None:
@@ -209,7 +223,7 @@ class RealBench:
         for rt in self.runtimes:
             state = os.path.join(self.work, "state", rt.name)
             for cid in os.listdir(state) if os.path.isdir(state) else []:
-                lc.force_delete(rt, state, cid)
+                bundles.force_delete(rt, state, cid)
         shutil.rmtree(self.work, ignore_errors=True)
 
 
@@ -217,11 +231,11 @@ def report(bench: RealBench, samples: dict[str, dict[str, list[float]]]) -> dict
     labels = dict(CASES)
     rows = []
     for case in bench.cases:
-        base = lc.summary(samples[case]["runc"])
-        base_cpu = lc.median(samples[case + ":cpu"]["runc"])
+        base = stats.summary(samples[case]["runc"])
+        base_cpu = stats.median(samples[case + ":cpu"]["runc"])
         for rt in bench.runtimes:
-            s = lc.summary(samples[case][rt.name])
-            cpu = lc.median(samples[case + ":cpu"][rt.name])
+            s = stats.summary(samples[case][rt.name])
+            cpu = stats.median(samples[case + ":cpu"][rt.name])
             rows.append(
                 {
                     "case": case,
@@ -233,7 +247,7 @@ def report(bench: RealBench, samples: dict[str, dict[str, list[float]]]) -> dict
                     "cpu_overhead_ms": cpu - base_cpu,
                 }
             )
-    edited = lc.summary(samples[EDITED[0]]["runc"])
+    edited = stats.summary(samples[EDITED[0]]["runc"])
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cpus": os.cpu_count(),
@@ -292,14 +306,14 @@ def main(argv: list[str]) -> int:
     if os.geteuid() != 0:
         sys.stderr.write("realnode: needs root (runc)\n")
         return 2
-    if ctypes.CDLL(None).prctl(lc.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if ctypes.CDLL(None).prctl(bundles.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         sys.stderr.write("realnode: cannot become a child subreaper\n")
         return 2
     bench = RealBench(opts)
     try:
         bench.setup()
         rep = report(bench, bench.run(opts.iterations, opts.warmup))
-    except (lc.BenchError, subprocess.CalledProcessError) as exc:
+    except (bundles.BenchError, subprocess.CalledProcessError) as exc:
         sys.stderr.write(f"realnode: {exc}\n")
         return 1
     finally:

@@ -72,6 +72,14 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert report["machine"]["python_start_ms"]["n"] == 2
     assert report["runc_on_edited_gpu1"]["n"] == 2
     assert "plain runc on gpuhook's 1-GPU spec: median" in run.stdout
+    # where the 1-GPU overhead goes: runc's parts of gpuhook's spec, run by plain runc
+    assert {k: v["n"] for k, v in report["runc_parts"].items()} == {
+        "edited": 2,
+        "nohook": 2,
+        "perfile": 2,
+    }
+    assert len(report["gpu1_parts_ms"]) == 4 and "part by part" in run.stdout
+    assert any(t["target"].startswith("gpuhook's own share") for t in report["targets"])
     assert report["machine"]["cpus"] >= 1 and report["machine"]["versions"]["runc"]
     mode = report["mode"]
     assert mode["service_socket"].endswith("/runtime.sock") and not mode["no_service"]

@@ -266,14 +266,22 @@ def test_a_distroless_image_gets_a_cache_with_every_injected_library(
     assert out.stdout.startswith("GPU 0: NVIDIA H100 80GB HBM3"), out.stdout  # NVML resolved
     assert not (rootfs / "etc/ld.so.conf.d").exists()
     cached = {(e.key, e.value) for e in ldcache.read(str(rootfs / "etc/ld.so.cache"))}
-    injected = [
-        m["containerPath"]
-        for m in mounts
-        if m["containerPath"].startswith(LIB + "/") and ".so." in m["containerPath"]
-    ]
+    injected = [p for p in container_paths(mounts) if p.startswith(LIB + "/") and ".so." in p]
     sonames = {p for p in injected if not p.rsplit(".so.", 1)[1].count(".")}
     assert sonames and all((os.path.basename(p), p) in cached for p in sonames), (sonames, cached)
     assert ("libcuda.so", f"{LIB}/libcuda.so") in cached
+
+
+def container_paths(mounts: list[dict[str, Any]]) -> list[str]:
+    """The container paths of the files the mounts give: a file's bind, or each file of a bind
+    mounted folder (the driver's prepared library folder)."""
+    paths = []
+    for m in mounts:
+        if m["type"] == "bind" and os.path.isdir(m["hostPath"]):
+            paths += [f"{m['containerPath']}/{n}" for n in sorted(os.listdir(m["hostPath"]))]
+        else:
+            paths.append(m["containerPath"])
+    return paths
 
 
 # --- the CDI export, applied by an engine -------------------------------------------------------

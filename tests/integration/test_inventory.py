@@ -229,9 +229,14 @@ def test_concurrent_refreshes_leave_one_valid_inventory(tmp_path: Path) -> None:
     inventory = json.loads((state / "inventory.json").read_text())
     assert len(inventory["gpus"]) == 4
     leftovers = [
-        p.name for p in state.iterdir() if p.name not in ("inventory.json", "inventory.json.lock")
+        p.name
+        for p in state.iterdir()
+        if p.name not in ("inventory.json", "inventory.json.lock", "driverfiles")
     ]
     assert leftovers == []
+    # the driver's prepared library folders: one generation, no builder's temporary folder left
+    [generation] = [p.name for p in (state / "driverfiles").iterdir()]
+    assert f"/driverfiles/{generation}/" in json.dumps(inventory["prepared"])
     # the CDI spec, rewritten atomically by each refresh: one whole file
     assert [p.name for p in (node.root / "cdi").iterdir()] == ["gpuhook-nvidia.json"]
     spec = json.loads((node.root / "cdi" / "gpuhook-nvidia.json").read_text())

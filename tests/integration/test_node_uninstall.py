@@ -97,3 +97,36 @@ def test_a_restart_owed_by_a_failed_uninstall_is_done_by_the_next(
     lines = install.uninstall(str(root), restart=True)
     assert restarted == ["containerd"]
     assert lines.index("restarted") < lines.index("removed /etc/gpuhook")
+
+
+@pytest.mark.root
+def test_a_prepared_driver_folder_a_container_has_mounted_is_kept(tmp_path: Path) -> None:
+    """A running container's library folder is a bind mount of a prepared driver folder under
+    the state folder (gpuhook.runtime.prepared): it stays, as the driver's own files it showed
+    before would have; a folder nobody holds goes with the rest."""
+    root = node(tmp_path)
+    (root / TASKS / "through-gpuhook/options.json").unlink()
+    prepared = root / "var/lib/gpuhook/driverfiles"
+    for generation in ("held", "free"):
+        lib = prepared / generation / "compute+utility/lib"
+        lib.mkdir(parents=True)
+        (lib / "libcuda.so.1").write_text("driver")
+    target = tmp_path / "container-lib"
+    target.mkdir()
+    holder = subprocess.Popen(  # a container: its own mount namespace holding the bind mount
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         f"mount --bind {prepared}/held/compute+utility/lib {target} && echo up && sleep 60"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "up\n"
+        lines = install.uninstall(str(root), restart=False)
+    finally:
+        holder.kill()
+        holder.wait()
+    held = "/var/lib/gpuhook/driverfiles/held"
+    assert f"removed /var/lib/gpuhook, all but {held}" in lines
+    assert [f for f in files(root) if not f.startswith("run/")] == [
+        "var/lib/gpuhook/driverfiles/held/compute+utility/lib/libcuda.so.1"
+    ]

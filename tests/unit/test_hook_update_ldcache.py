@@ -217,6 +217,60 @@ def test_both_implementations_write_the_same_bytes(fake: Fake, tmp_path: Path) -
 
 
 @IMPLS
+def test_a_prepared_folder_runs_no_ldconfig_and_merges_its_prepared_entries(
+    impl: list[str], fake: Fake, tmp_path: Path
+) -> None:
+    """``--cache FOLDER=DIR``: the folder's entries were listed when gpuhook prepared it on the
+    host (its bind mount is read-only): they are read from DIR, kept there, and merged as a
+    folder run's; the other folders still get their ldconfig run."""
+    rootfs = _rootfs(tmp_path, FOLDER + "32")
+    (rootfs / "etc/ld.so.cache").write_bytes(ldcache.serialize(IMAGE))
+    prepared = tmp_path / "prepared" / "lib.ldcache"
+    prepared.mkdir(parents=True)
+    (prepared / ldmerge.FOLDER_CACHE).write_bytes(ldcache.serialize(FOLDER_CACHE))
+    fake.folder_cache.write_bytes(ldcache.serialize(FOLDER_CACHE[4:]))
+    args = ["--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER]
+    args += ["--folder", FOLDER + "32", "--cache", f"{FOLDER}={prepared}"]
+    result = _run(impl, *args)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert [r["cwd"] for r in fake.runs()] == [str(rootfs / (FOLDER + "32").lstrip("/"))]
+    cache = _cache(rootfs)
+    assert cache[1] == ("libnvidia-ml.so.1", f"{FOLDER}/libnvidia-ml.so.1", X86_64)
+    assert ("libcuda.so", f"{FOLDER}/libcuda.so", X86_64) in cache
+    assert ("libc.so.6", f"{FOLDER}32/libc.so.6", X86_64) in cache
+    assert os.listdir(prepared) == [ldmerge.FOLDER_CACHE]  # kept for the next container
+
+
+def test_both_implementations_merge_a_prepared_folder_into_the_same_bytes(
+    fake: Fake, tmp_path: Path
+) -> None:
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    (prepared / ldmerge.FOLDER_CACHE).write_bytes(ldcache.serialize(FOLDER_CACHE))
+    written = []
+    for n, impl in enumerate(([str(RUNTIME)], [sys.executable, "-I", "-S", str(CLI_ENTRY)])):
+        rootfs = _rootfs(tmp_path / str(n))
+        (rootfs / "etc/ld.so.cache").write_bytes(ldcache.serialize(IMAGE))
+        args = ["--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER]
+        result = _run(impl, *args, "--cache", f"{FOLDER}={prepared}")
+        assert (result.returncode, result.stderr) == (0, "")
+        written.append((rootfs / "etc/ld.so.cache").read_bytes())
+    assert written[0] == written[1]
+    assert fake.runs() == []
+
+
+@IMPLS
+def test_a_prepared_folder_whose_entries_are_gone_gets_the_full_run(
+    impl: list[str], fake: Fake, tmp_path: Path
+) -> None:
+    rootfs = _rootfs(tmp_path)
+    args = ["--ldconfig", str(fake.path), "--rootfs", str(rootfs), "--folder", FOLDER]
+    result = _run(impl, *args, "--cache", f"{FOLDER}={tmp_path / 'gone'}")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert [r["argv"][:2] for r in fake.runs()] == [FULL]
+
+
+@IMPLS
 def test_an_image_without_a_cache_gets_the_injected_entries_only(
     impl: list[str], fake: Fake, tmp_path: Path
 ) -> None:
@@ -419,6 +473,10 @@ def test_a_non_executable_ldconfig_fails_the_hook(impl: list[str], tmp_path: Pat
         ["--timeout", "0"],
         ["--timeout", "3601"],
         ["--folder"],
+        ["--cache", "/usr/local/gpuhook/lib"],
+        ["--cache", "relative=/x"],
+        ["--cache", "/usr/local/gpuhook/lib=relative"],
+        ["--cache", "/usr/local/gpuhook/lib=/x/../y"],
     ],
 )
 def test_malformed_arguments_are_refused(

@@ -10,8 +10,8 @@ from gpuhook import log
 from gpuhook.cli import tables
 from gpuhook.cli.base import Context, emit, output_option, pass_ctx
 from gpuhook.errors import GpuhookError
-from gpuhook.inventory import store
 from gpuhook.mps import daemons
+from gpuhook.runtime import decide
 
 
 @click.group("mps")
@@ -24,7 +24,7 @@ def mps_group() -> None:
 
 def _mps_daemons(obj: Context, gpus: tuple[str, ...]) -> list[Any]:
     config = obj.config()
-    return daemons.daemons(config, store.load_current(config), gpus)
+    return daemons.daemons(config, decide.inventory(config), gpus)
 
 
 def _mps_each(obj: Context, gpus: tuple[str, ...], action: str) -> None:

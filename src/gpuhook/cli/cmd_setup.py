@@ -14,6 +14,7 @@ from gpuhook.config import loading as config_loading
 from gpuhook.engines import cdi
 from gpuhook.errors import CdiError
 from gpuhook.inventory import devchar, store
+from gpuhook.runtime import decide, prepared
 
 if TYPE_CHECKING:
     from gpuhook.config.types import Config
@@ -49,7 +50,7 @@ def refresh(config: Config) -> tuple[Inventory, str]:
     create path does neither). A spec that would name the same devices as another spec in
     ``cdi.spec_dirs`` is not written: a warning line says which and what to do."""
 
-    inventory = store.refresh(config)
+    inventory = store.refresh(config, finish=prepared.finish)
     made, problems = devchar.ensure(config.dev_root, inventory)
     if made:
         log.get_logger().info("dev char links made", count=made)
@@ -115,7 +116,7 @@ def cdi_generate(obj: Context, path: str | None, fmt: str | None) -> None:
     """Build the CDI spec from the cached inventory and validate it against the CDI schema."""
 
     config = obj.config()
-    data = cdi.spec(store.load_current(config), config)
+    data = cdi.spec(decide.inventory(config), config)
     if path is None:
         cdi.validate(data)
         click.echo(cdi.render(data, fmt or "json").decode(), nl=False)
@@ -140,7 +141,7 @@ def cdi_list(obj: Context, output: str | None) -> None:
             "device": d.what,
             "nodes": [n.path for n in d.edits.device_nodes],
         }
-        for d in cdi.devices(store.load_current(config))
+        for d in cdi.devices(decide.inventory(config))
         for name in d.names
     ]
     emit(

@@ -84,7 +84,8 @@ def common_edits(inventory: Inventory, config: Config) -> ContainerEdits:
     ``NVIDIA_VISIBLE_DEVICES=void`` keeps other NVIDIA components from acting on the image's
     value; gpuhook-runtime sets the granted devices there itself."""
     caps = frozenset(config.cdi_capabilities)
-    files = driverfiles.driver_files(inventory, config, caps)
+    # Per-file binds: the spec outlives a driver's prepared folders (it is written once).
+    files = driverfiles.driver_files(inventory, config, caps, prepared=False)
     hooks: tuple[Hook, ...] = ()
     if files.folders:
         compat = cuda_compat_arg(inventory) if "compute" in caps and config.cuda_compat else ""
@@ -224,7 +225,7 @@ class Conflict(NamedTuple):
 
 CONFLICT_FIX = (
     "keep one spec of kind nvidia.com/gpu: remove the other (nvidia-ctk's nvidia.yaml: also stop "
-    "its nvidia-cdi-refresh service), or set cdi.output to \"\" in gpuhook's config"
+    'its nvidia-cdi-refresh service), or set cdi.output to "" in gpuhook\'s config'
 )
 
 

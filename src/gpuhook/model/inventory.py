@@ -339,6 +339,9 @@ class Inventory(Frozen):
     missing_libraries: tuple[tuple[str, tuple[str, ...]], ...]
     staleness_key: str
     warnings: tuple[str, ...]
+    # The driver files prepared on the host for capability sets (gpuhook.inventory.prepared):
+    # (the sorted capabilities joined by ",", the prepared folder).
+    prepared: tuple[tuple[str, str], ...]
 
     def __init__(
         self,
@@ -355,6 +358,7 @@ class Inventory(Frozen):
         missing_libraries: Iterable[tuple[str, tuple[str, ...]]],
         staleness_key: str,
         warnings: Iterable[str] = (),
+        prepared: Iterable[tuple[str, str]] = (),
     ) -> None:
         _init(
             self,
@@ -371,7 +375,13 @@ class Inventory(Frozen):
             missing_libraries=tuple((c, tuple(n)) for c, n in missing_libraries),
             staleness_key=staleness_key,
             warnings=tuple(warnings),
+            prepared=tuple((str(k), str(v)) for k, v in prepared),
         )
+
+    def prepared_folder(self, caps: Iterable[str]) -> str:
+        """The prepared folder of the capability set ``caps`` ("" when there is none)."""
+        key = ",".join(sorted(caps))
+        return next((folder for k, folder in self.prepared if k == key), "")
 
     def files_of(self, kind: str) -> tuple[HostFile, ...]:
         return tuple(f for f in self.files if f.kind == kind)
@@ -392,6 +402,7 @@ class Inventory(Frozen):
             "missing_libraries": {cap: list(names) for cap, names in self.missing_libraries},
             "staleness_key": self.staleness_key,
             "warnings": list(self.warnings),
+            "prepared": dict(self.prepared),
         }
 
     @classmethod
@@ -417,4 +428,5 @@ class Inventory(Frozen):
             [(str(cap), tuple(str(n) for n in names)) for cap, names in missing.items()],
             _get(d, "staleness_key", str),
             _strs(d, "warnings"),
+            [(str(k), str(v)) for k, v in _opt(d, "prepared", dict, {}).items()],
         )

@@ -41,9 +41,10 @@ from gpuhook.fsutil import atomic_write, temp_name
 from gpuhook.model.frozen import Frozen
 from gpuhook.node import bundle, host
 from gpuhook.node.metrics import MetricsChild
+from gpuhook.runtime import prepared
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
 RECORD = f"{bundle.PREFIX}/install.json"
 CONFIG = DEFAULT_PATH
@@ -306,19 +307,35 @@ def uninstall(host_root: str, restart: bool) -> list[str]:
         lines += configure.apply(plan)
     lines += settle(host_root, record.engine, restart)
     live = containers_through(host_root, RUNTIME_PATH)
+    keep = held_driver_folders(host_root, record)  # running containers' library folders
     if live:  # replaced in place first: the path never goes missing under those shims
         lines.append(keep_pass_through(host_root, live))
-    return lines + remove(host_root, record, RUNTIME_PATH if live else None)
+        keep.append(RUNTIME_PATH)
+    return lines + remove(host_root, record, keep)
 
 
-def remove(host_root: str, record: Record, keep: str | None) -> list[str]:
-    """Remove /opt/gpuhook and the recorded paths, all but ``keep`` (a host path)."""
+def held_driver_folders(host_root: str, record: Record) -> list[str]:
+    """The prepared driver folders (:mod:`gpuhook.runtime.prepared`) under the recorded paths
+    that a container on the node still has mounted (host paths): kept, as its per-file mounts
+    of the driver's own files would have been."""
+    held = []
+    for path in sorted(record.created):
+        root = os.path.join(path, prepared.FOLDER)
+        full = host.host_path(host_root, root)
+        if os.path.isdir(full) and not os.path.islink(full):
+            held += [os.path.join(root, name) for name in sorted(prepared.in_use(full))]
+    return held
+
+
+def remove(host_root: str, record: Record, keep: Sequence[str] = ()) -> list[str]:
+    """Remove /opt/gpuhook and the recorded paths, all but those in ``keep`` (host paths)."""
     lines = []
     for path in sorted({bundle.PREFIX, *record.created}, reverse=True):
         full = host.host_path(host_root, path)
-        if keep is not None and keep.startswith(path + "/"):
-            prune(full, host.host_path(host_root, keep))
-            lines.append(f"removed {path}, all but {keep}")
+        kept = [k for k in keep if k.startswith(path + "/")]
+        if kept:
+            prune(full, [host.host_path(host_root, k) for k in kept])
+            lines.append(f"removed {path}, all but {', '.join(kept)}")
         elif os.path.isdir(full) and not os.path.islink(full):
             shutil.rmtree(full)
             lines.append(f"removed {path}")
@@ -328,12 +345,12 @@ def remove(host_root: str, record: Record, keep: str | None) -> list[str]:
     return lines
 
 
-def prune(folder: str, keep: str) -> None:
-    """Remove everything under ``folder`` but ``keep`` and the folders that lead to it."""
+def prune(folder: str, keep: Sequence[str]) -> None:
+    """Remove everything under ``folder`` but ``keep`` and the folders that lead to them."""
     for entry in os.scandir(folder):
-        if entry.path == keep:
+        if entry.path in keep:
             continue
-        if keep.startswith(entry.path + "/"):
+        if any(k.startswith(entry.path + "/") for k in keep):
             prune(entry.path, keep)
         elif entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path)

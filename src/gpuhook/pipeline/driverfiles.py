@@ -15,6 +15,11 @@ edits (:mod:`gpuhook.pipeline.inject`) and the CDI export (:mod:`gpuhook.engines
 - ``/dev/nvidia-modeset`` only for ``graphics`` and ``display``; ``display`` on a host without X
   server driver files (headless) gets the node and nothing else, never a failure.
 - The driver binaries of the capabilities, the firmware (compute, utility) and the IPC sockets.
+- Where ``gpuhook inventory refresh`` prepared the library folders of the capability set on the
+  host (:mod:`gpuhook.runtime.prepared`: the same files, sonames and links, made once per
+  driver), each folder is ONE read-only bind mount of its prepared folder instead of the tmpfs
+  and a bind per file, the links are there already, and the ldcache hook reads the folder's
+  ldconfig entries prepared with it (``--cache FOLDER=DIR``) instead of running ldconfig.
 
 Every choice that is not obvious from the capability list carries a :class:`Note` for ``inspect``.
 """
@@ -58,13 +63,15 @@ GBM_DEFAULT_DIRS = (
 class DriverFiles(Frozen):
     """What :func:`driver_files` gives a container: ``mounts``; ``folders``, the library
     folders its ld.so.cache must list; ``links``, the hook's ``LINK=TARGET`` arguments (links
-    made inside those folders); ``env``; and the ``notes`` saying why."""
+    made inside those folders); ``env``; the ``notes`` saying why; ``caches``, the hook's
+    ``FOLDER=DIR`` arguments (a prepared folder's ldconfig entries, in DIR on the host)."""
 
     mounts: tuple[Mount, ...]
     folders: tuple[str, ...]
     links: tuple[str, ...]
     env: tuple[str, ...]
     notes: tuple[Note, ...]
+    caches: tuple[str, ...] = ()
 
 
 def compat32_dir(lib_dir: str) -> str:
@@ -83,14 +90,71 @@ def control_nodes(inventory: Inventory, caps: frozenset[str]) -> list[DeviceNode
     ]
 
 
+# A prepared capability set's folder on the host: its library folders (the mount sources) and
+# beside each the folder holding that folder's ldconfig entries (gpuhook.runtime.prepared).
+PREPARED_LIBS = "lib"
+PREPARED_LIBS32 = "lib32"
+PREPARED_CACHE_SUFFIX = ".ldcache"
+
+
+def prepared_subfolder(lib_dir: str, folder: str) -> str:
+    """The subfolder of a prepared set that is the container's library folder ``folder``."""
+    return PREPARED_LIBS32 if folder == compat32_dir(lib_dir) else PREPARED_LIBS
+
+
 def driver_files(
     inventory: Inventory,
     config: Config,
     caps: frozenset[str],
     image_env: Sequence[str] = (),
+    prepared: bool = True,
 ) -> DriverFiles:
     """The driver files of ``caps``. ``image_env``: the container's env (GBM_BACKENDS_PATH is
-    extended, not replaced)."""
+    extended, not replaced). ``prepared``: one bind mount per library folder where the
+    inventory has the set's prepared folder (else, and for False, a tmpfs and a bind per file)."""
+    files = per_file(inventory, config, caps, image_env)
+    folder = inventory.prepared_folder(caps) if prepared and files.folders else ""
+    return with_prepared(files, config, folder) if folder else files
+
+
+def with_prepared(files: DriverFiles, config: Config, prepared: str) -> DriverFiles:
+    """``files`` with each library folder given as one read-only bind of its prepared folder
+    (which holds the same files and links): its mounts under those folders and its links
+    dropped, the prepared ldconfig entries named for the hook."""
+    lib_dir = config.lib_dir.rstrip("/") or "/"
+    inside = tuple(f + "/" for f in files.folders)
+    binds = [
+        Mount(f"{prepared}/{prepared_subfolder(lib_dir, f)}", f, "bind", RO_BIND)
+        for f in files.folders
+    ]
+    rest = [
+        m
+        for m in files.mounts
+        if m.container_path not in files.folders and not m.container_path.startswith(inside)
+    ]
+    caches = tuple(
+        f"{f}={prepared}/{prepared_subfolder(lib_dir, f)}{PREPARED_CACHE_SUFFIX}"
+        for f in files.folders
+    )
+    note = Note(
+        f"library folders: {', '.join(files.folders)} prepared on the host ({prepared})",
+        "the driver files of this capability set, made once per driver at inventory refresh: "
+        "one read-only bind mount per folder instead of one per file",
+    )
+    return DriverFiles(
+        tuple(binds + rest), files.folders, (), files.env, (*files.notes, note), caches
+    )
+
+
+def per_file(
+    inventory: Inventory,
+    config: Config,
+    caps: frozenset[str],
+    image_env: Sequence[str] = (),
+) -> DriverFiles:
+    """The driver files of ``caps`` as a tmpfs per library folder with a read-only bind mount
+    per library and soname, the links made by the hook; what :mod:`gpuhook.runtime.prepared`
+    makes on the host."""
     lib_dir = config.lib_dir.rstrip("/") or "/"
     libs64 = [lib for lib in inventory.libraries if _wanted(lib, caps)]
     libs32 = [x for x in inventory.libraries if x.capability == "compat32" and "compat32" in caps]

@@ -88,7 +88,8 @@ def edits_for(
     if compat is not None:
         folders = ([compat.folder] if compat.folder and folders else []) + folders
         notes += (compat.note,)
-    hooks = [ldcache_hook(config, folders, rootfs, files.links)] if folders else []
+    hook = ldcache_hook(config, folders, rootfs, files.links, caches=files.caches)
+    hooks = [hook] if folders else []
     edits = ContainerEdits(
         env=tuple(env) + files.env + (mps.env() if mps is not None else ()),
         device_nodes=tuple(nodes),
@@ -138,11 +139,14 @@ def ldcache_hook(
     rootfs: str = "",
     links: Sequence[str] = (),
     cuda_compat: str = "",
+    caches: Sequence[str] = (),
 ) -> Hook:
     """gpuhook's createContainer hook that makes the driver's ``links`` (``LINK=TARGET``) and
     refreshes the container's ld.so.cache over ``folders`` (in that order: the first wins).
     ``cuda_compat`` (``DRIVER_VERSION:BRANDS``): the hook decides about the image's forward
     compatibility libraries itself (the CDI spec, written before any image is known).
+    ``caches`` (``FOLDER=DIR``): the prepared ldconfig entries of a folder, read instead of
+    running ldconfig there (:mod:`gpuhook.pipeline.driverfiles`).
 
     With the container's ``rootfs`` (except at log level debug, where the hook runs in Python,
     which logs every refresh) the hook's program is the static gpuhook-runtime installed beside
@@ -156,6 +160,8 @@ def ldcache_hook(
         args += ["--folder", folder]
     for link in links:
         args += ["--link", link]
+    for cache in caches:
+        args += ["--cache", cache]
     if cuda_compat:
         args += ["--cuda-compat", cuda_compat]
     env = HOOK_ENV + config.propagated_env

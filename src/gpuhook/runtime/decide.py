@@ -50,7 +50,24 @@ def rootfs_of(bundle: str, spec: dict[str, Any]) -> str:
 def inventory(config: Config) -> Inventory:
     from gpuhook.inventory import store
 
-    return store.load_current(config)
+    return _present(store.load_current(config, finish=_prepared))
+
+
+def _present(inventory: Inventory) -> Inventory:
+    """``inventory`` less its prepared driver folders when their generation is gone (a state
+    folder wiped under it): every set then gets per-file mounts. One stat."""
+    import os
+
+    if inventory.prepared and not os.path.isdir(os.path.dirname(inventory.prepared[0][1])):
+        return inventory.replace(prepared=())
+    return inventory
+
+
+def _prepared(config: Config, inventory: Inventory) -> Inventory:
+    """A refreshed inventory with its driver's prepared folders (imported only then)."""
+    from gpuhook.runtime import prepared
+
+    return prepared.finish(config, inventory)
 
 
 def checkpoint(path: str, pod_uid: str, container: str) -> Allocation:

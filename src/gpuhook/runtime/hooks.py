@@ -59,7 +59,7 @@ LDCONFIG_TIMEOUT_MAX_S = 3600
 # update-ldcache's flags, each with a value. These bounds and flags are rendered into the
 # static dispatcher's C hook (gpuhook.runtime.dispatch): one table. Python alone takes
 # CUDA_COMPAT_FLAG and OUTCOME_FLAG (the dispatcher hands a hook with them here).
-UPDATE_LDCACHE_FLAGS = ("--folder", "--ldconfig", "--link", "--rootfs", "--timeout")
+UPDATE_LDCACHE_FLAGS = ("--cache", "--folder", "--ldconfig", "--link", "--rootfs", "--timeout")
 CUDA_COMPAT_FLAG = "--cuda-compat"
 OUTCOME_FLAG = "--outcome"
 
@@ -67,7 +67,8 @@ OUTCOME_FLAG = "--outcome"
 class Plan:
     """What update-ldcache does: ``links`` (link, target) first, then the cache of ``rootfs``
     with ``folders`` first, its ldconfig runs within ``timeout`` seconds; ``cuda_compat``: the
-    ``--cuda-compat`` value ("" for none)."""
+    ``--cuda-compat`` value ("" for none); ``caches``: folder -> the host folder holding its
+    prepared ldconfig entries (``--cache FOLDER=DIR``: no ldconfig runs for that folder)."""
 
     def __init__(
         self,
@@ -77,6 +78,7 @@ class Plan:
         timeout: float,
         links: list[tuple[str, str]],
         cuda_compat: str,
+        caches: dict[str, str] | None = None,
     ) -> None:
         self.ldconfig = ldconfig
         self.rootfs = rootfs
@@ -84,6 +86,7 @@ class Plan:
         self.timeout = timeout
         self.links = links
         self.cuda_compat = cuda_compat
+        self.caches = caches or {}
 
     @property
     def command(self) -> list[str]:
@@ -110,6 +113,7 @@ def update_ldcache(argv: list[str], stdin: bytes) -> Plan:
     folders = values.get("--folder", [])
     links = [_link_arg(a) for a in values.get("--link", [])]
     compat = (values.get(CUDA_COMPAT_FLAG) or [""])[-1]
+    caches = dict(_cache_arg(a) for a in values.get("--cache", []))
     if not ldconfig.startswith("/"):
         raise UsageError("hook update-ldcache: --ldconfig must be an absolute path")
     for folder in folders:
@@ -132,7 +136,16 @@ def update_ldcache(argv: list[str], stdin: bytes) -> Plan:
             f"hook update-ldcache: ldconfig {ldconfig} is not executable "
             "(hook.ldconfig in the gpuhook config)"
         )
-    return Plan(ldconfig, rootfs, folders, timeout, links, compat)
+    return Plan(ldconfig, rootfs, folders, timeout, links, compat, caches)
+
+
+def _cache_arg(text: str) -> tuple[str, str]:
+    """``FOLDER=DIR``: two absolute paths without ``..`` (DIR: gpuhook's own, on the host)."""
+    folder, eq, where = text.partition("=")
+    for path in (folder, where):
+        if not eq or not path.startswith("/") or ".." in path.split("/") or "\0" in path:
+            raise UsageError(f"hook update-ldcache: invalid --cache {text!r} (FOLDER=DIR)")
+    return folder, where
 
 
 def _link_arg(text: str) -> tuple[str, str]:
@@ -249,6 +262,9 @@ def _merged(plan: Plan, deadline: float) -> str:
         image = ldmerge.image_entries(root_fd)
         injected = []
         for folder in plan.folders:
+            if folder in plan.caches:  # prepared with the folder: nothing to run
+                injected += ldmerge.prepared_entries(plan.caches[folder], folder)
+                continue
             try:
                 fd = imagefs.open_strict(root_fd, folder)
             except FileNotFoundError:

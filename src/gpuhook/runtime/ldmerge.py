@@ -99,6 +99,28 @@ def folder_entries(dir_fd: int, folder: str) -> list[CacheEntry]:
                 os.unlink(name, dir_fd=dir_fd)
             except OSError:
                 pass
+    return _rebased(data, folder)
+
+
+def prepared_entries(where: str, folder: str) -> list[CacheEntry]:
+    """The entries ldconfig wrote for a prepared folder, kept as :data:`FOLDER_CACHE` in the host
+    folder ``where`` (gpuhook's own; read, never removed), their values made the container paths
+    in ``folder``. Raises :class:`Unmergeable`."""
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Unmergeable(f"{where}: {exc.strerror}") from None
+    try:
+        data = imagefs.read_regular(fd, FOLDER_CACHE, MAX_CACHE_BYTES)
+    except (OSError, ValueError) as exc:
+        raise Unmergeable(f"{where}/{FOLDER_CACHE}: {exc}") from None
+    finally:
+        os.close(fd)
+    return _rebased(data, folder)
+
+
+def _rebased(data: bytes | None, folder: str) -> list[CacheEntry]:
+    """ldconfig's entries of ``folder`` (its values ``/./NAME``) with container paths."""
     if data is None:
         raise Unmergeable(f"ldconfig wrote no {folder}/{FOLDER_CACHE}")
     base = folder.rstrip("/")

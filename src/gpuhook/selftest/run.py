@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 from gpuhook.config import locate
 from gpuhook.errors import GpuhookError
-from gpuhook.inventory import store
-from gpuhook.runtime import service
+from gpuhook.runtime import decide, service
 from gpuhook.selftest import checks, cuda, lifecycle, report, rootfs
 from gpuhook.selftest.mps_check import check_mps
 from gpuhook.selftest.report import FAIL, PASS, SKIP, Result
@@ -80,7 +79,7 @@ def load_inventory(config: Config) -> tuple[Inventory | None, Result]:
 
     fix = "gpuhook inventory refresh"
     try:
-        inventory = store.load_current(config)
+        inventory = decide.inventory(config)
     except GpuhookError as exc:
         return None, Result("inventory", FAIL, str(exc), fix)
     where = config.inventory_path
