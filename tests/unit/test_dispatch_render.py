@@ -15,7 +15,7 @@ from gpuhook import markers
 from gpuhook.config import cache as config_cache
 from gpuhook.config import locate
 from gpuhook.pipeline import inject
-from gpuhook.runtime import dispatch, hooks, ldmerge, runc_argv, wire
+from gpuhook.runtime import dispatch, hooks, ldmerge, ldrun, runc_argv, wire
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,12 +70,12 @@ def test_the_ldcache_hook_carries_the_bounds_flags_and_steps() -> None:
     """The static dispatcher's C hook: the bounds, flags and environment of
     gpuhook.runtime.hooks, the merge's names and ldconfig flags of gpuhook.runtime.ldmerge."""
     text = dispatch.render_c((REPO / "packaging" / "gpuhook-runtime.c.in").read_text())
-    assert f"#define LDC_DATA_LIMIT {hooks.LDCONFIG_DATA_LIMIT}\n" in text
-    assert f"#define LDC_CPU_S {hooks.LDCONFIG_CPU_S}\n" in text
-    assert f"#define LDC_TIMEOUT_MAX_S {hooks.LDCONFIG_TIMEOUT_MAX_S}\n" in text
-    assert f"#define LDC_TIMEOUT_S {int(hooks.LDCONFIG_TIMEOUT_S)}\n" in text
+    assert f"#define LDC_DATA_LIMIT {ldrun.LDCONFIG_DATA_LIMIT}\n" in text
+    assert f"#define LDC_CPU_S {ldrun.LDCONFIG_CPU_S}\n" in text
+    assert f"#define LDC_TIMEOUT_MAX_S {ldrun.LDCONFIG_TIMEOUT_MAX_S}\n" in text
+    assert f"#define LDC_TIMEOUT_S {int(ldrun.LDCONFIG_TIMEOUT_S)}\n" in text
     assert ", ".join(f'"{f}"' for f in hooks.UPDATE_LDCACHE_FLAGS) in text
-    assert ", ".join(f'"{k}={v}"' for k, v in hooks.SAFE_ENV.items()) in text
+    assert ", ".join(f'"{k}={v}"' for k, v in ldrun.SAFE_ENV.items()) in text
     assert ", ".join(f'"{f}"' for f in ldmerge.FOLDER_FLAGS) in text
     assert f'CMD_HOOK[] = "{runc_argv.HOOK}"' in text
     assert runc_argv.HOOK == inject.HOOK_COMMAND  # what the spec's hook says, what runs it

@@ -23,7 +23,7 @@ import pytest
 
 from gpuhook.inventory import ldcache
 from gpuhook.inventory.ldcache import CacheEntry
-from gpuhook.runtime import decide, hooks, ldmerge
+from gpuhook.runtime import decide, ldmerge, ldrun
 from tests import factories as f
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +138,7 @@ def _cache(rootfs: Path) -> list[tuple[str, str, int]]:
 FULL = ["-X", "-r"]  # the full run's first arguments, then the rootfs and the folders
 FOLDER_RUN = list(ldmerge.FOLDER_FLAGS)
 SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
-BOUNDS = (str(hooks.LDCONFIG_DATA_LIMIT >> 10), str(hooks.LDCONFIG_CPU_S))
+BOUNDS = (str(ldrun.LDCONFIG_DATA_LIMIT >> 10), str(ldrun.LDCONFIG_CPU_S))
 
 
 # --- the merge: the image's cache kept, the injected folders' entries first ----------------------

@@ -288,6 +288,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "gpuhook.runtime.decide",
         "gpuhook.runtime.ocispec",
         "gpuhook.runtime.imagefs",
+        # the driver folders prepared at inventory refresh, with the ldconfig run and cache
+        # format they need (the hook reads what they prepared)
+        "gpuhook.runtime.prepared",
+        "gpuhook.runtime.ldmerge",
+        "gpuhook.runtime.ldrun",
         "gpuhook.dra",  # the kubelet's DRA state (issue 35), where it lands as a package
     ),
     "front ends": (),  # FRONT_ENDS below

@@ -35,7 +35,7 @@ from gpuhook.fsutil import atomic_write
 from gpuhook.inventory import ldcache
 from gpuhook.pipeline import inject
 from gpuhook.records import execenv, ids
-from gpuhook.runtime import hooks, ldmerge, ocispec, runc_argv, wire
+from gpuhook.runtime import hooks, ldmerge, ldrun, ocispec, runc_argv, wire
 
 # The size of the compiled dispatcher's region that holds the interpreter command after
 # locate.DISPATCHER_MARK (see relocate).
@@ -146,7 +146,7 @@ def hook_substitutions() -> dict[str, str]:
     """For the ldcache hook's C (gpuhook-ldcache.c.in)."""
     return {
         "LDCACHE_FLAGS": _c_list(_names(list(hooks.UPDATE_LDCACHE_FLAGS))),
-        "LDCONFIG_ENV": _c_list([f"{k}={v}" for k, v in hooks.SAFE_ENV.items()]),
+        "LDCONFIG_ENV": _c_list([f"{k}={v}" for k, v in ldrun.SAFE_ENV.items()]),
         "LDCACHE_FOLDER_FLAGS": _c_list(list(ldmerge.FOLDER_FLAGS)),
         "LDCACHE_VERB": _c_string(inject.LDCACHE_VERB),
         "LDCACHE_OUTCOME_FLAG": _c_string(hooks.OUTCOME_FLAG),
@@ -156,10 +156,10 @@ def hook_substitutions() -> dict[str, str]:
         "LDCACHE_FOLDER_CACHE": _c_string(ldmerge.FOLDER_CACHE),
         "LDCACHE_NEW_MAGIC": _c_string(ldcache.NEW_MAGIC + ldcache.NEW_VERSION),
         "LDCACHE_OLD_MAGIC": _c_string(ldcache.OLD_MAGIC),
-        "LDCONFIG_TIMEOUT": str(int(hooks.LDCONFIG_TIMEOUT_S)),
-        "LDCONFIG_TIMEOUT_MAX": str(hooks.LDCONFIG_TIMEOUT_MAX_S),
-        "LDCONFIG_DATA_LIMIT": str(hooks.LDCONFIG_DATA_LIMIT),
-        "LDCONFIG_CPU_S": str(hooks.LDCONFIG_CPU_S),
+        "LDCONFIG_TIMEOUT": str(int(ldrun.LDCONFIG_TIMEOUT_S)),
+        "LDCONFIG_TIMEOUT_MAX": str(ldrun.LDCONFIG_TIMEOUT_MAX_S),
+        "LDCONFIG_DATA_LIMIT": str(ldrun.LDCONFIG_DATA_LIMIT),
+        "LDCONFIG_CPU_S": str(ldrun.LDCONFIG_CPU_S),
         "LDCACHE_MAX_BYTES": str(ldmerge.MAX_CACHE_BYTES),
         "LDCACHE_HWCAP_EXTENSION": str(ldcache.HWCAP_EXTENSION),
     }

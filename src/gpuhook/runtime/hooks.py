@@ -44,6 +44,11 @@ import os
 import sys
 
 from gpuhook.errors import SpecError, UsageError, describe
+from gpuhook.runtime.ldrun import (
+    LDCONFIG_TIMEOUT_MAX_S,
+    LDCONFIG_TIMEOUT_S,
+    run_bounded,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,11 +56,6 @@ if TYPE_CHECKING:
 
     from gpuhook.log import Logger
 
-SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
-LDCONFIG_TIMEOUT_S = 15.0  # wall time; the hook's own timeout in the spec is 30 s
-LDCONFIG_CPU_S = 10
-LDCONFIG_DATA_LIMIT = 256 << 20  # RLIMIT_DATA: heap; read-only maps of big libraries do not count
-LDCONFIG_TIMEOUT_MAX_S = 3600
 # update-ldcache's flags, each with a value. These bounds and flags are rendered into the
 # static dispatcher's C hook (gpuhook.runtime.dispatch): one table. Python alone takes
 # CUDA_COMPAT_FLAG and OUTCOME_FLAG (the dispatcher hands a hook with them here).
@@ -287,60 +287,6 @@ def _merged(plan: Plan, deadline: float) -> str:
         return f"{exc.filename or plan.rootfs}: {exc.strerror}"
     finally:
         os.close(root_fd)
-
-
-def run_bounded(command: list[str], timeout: float, cwd_fd: int | None = None) -> int | None:
-    """Run ``command`` with the explicit SAFE_ENV, cwd ``/`` (or the folder ``cwd_fd``), and the
-    resource limits above.
-
-    Returns its exit code (negative: killed by that signal), or None when it outlived ``timeout``
-    and was killed.
-    """
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - replaced by exec
-        try:
-            import resource
-
-            if cwd_fd is None:
-                os.chdir("/")
-            else:
-                os.fchdir(cwd_fd)
-            resource.setrlimit(resource.RLIMIT_DATA, (LDCONFIG_DATA_LIMIT, LDCONFIG_DATA_LIMIT))
-            resource.setrlimit(resource.RLIMIT_CPU, (LDCONFIG_CPU_S, LDCONFIG_CPU_S))
-            os.execve(command[0], command, SAFE_ENV)
-        finally:
-            os._exit(127)
-    if not _wait_until(pid, timeout):
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-        os.waitpid(pid, 0)
-        return None
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
-
-def _wait_until(pid: int, timeout: float) -> bool:
-    """Whether child ``pid`` exited within ``timeout`` seconds (it is not reaped)."""
-    import select
-
-    try:
-        pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):  # kernel before 5.3: poll
-        import time
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
-            time.sleep(0.01)
-        return False
-    try:
-        ready, _, _ = select.select([pidfd], [], [], max(timeout, 0.0))
-        return bool(ready)
-    finally:
-        os.close(pidfd)
 
 
 def main(argv: list[str]) -> int:

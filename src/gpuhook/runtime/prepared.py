@@ -203,11 +203,11 @@ def _place(source: str, where: str) -> None:
 def _entries(ldconfig: str, folder: str, keep: str) -> None:
     """ldconfig's entries of ``folder`` (the hook's own run: ldmerge.folder_command) moved into
     the new folder ``keep``. Raises PrepareError."""
-    from gpuhook.runtime import hooks, ldmerge
+    from gpuhook.runtime import ldmerge, ldrun
 
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        code = hooks.run_bounded(ldmerge.folder_command(ldconfig), LDCONFIG_TIMEOUT_S, fd)
+        code = ldrun.run_bounded(ldmerge.folder_command(ldconfig), LDCONFIG_TIMEOUT_S, fd)
     finally:
         os.close(fd)
     made = os.path.join(folder, ldmerge.FOLDER_CACHE)
