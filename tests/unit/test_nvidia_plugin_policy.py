@@ -114,7 +114,7 @@ def test_index_ids_are_held_to_the_allocation() -> None:
     out = run(spec, allocated=["1"])
     assert shown(out) == ["1"]
     assert any("not allocated to this container: 0" in line for line in lines(out, "env"))
-    with pytest.raises(RequestError, match="allocated 9 .* no such device"):
+    with pytest.raises(RequestError, match=r"allocated 9 .* no such device"):
         run(spec, allocated=["9"])
 
 
