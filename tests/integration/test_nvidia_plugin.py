@@ -139,9 +139,7 @@ def test_a_standalone_containers_device_with_the_images_all_is_not_refused(
     requests are ignored: the container keeps the engine's GPU 0 (the user chose it), gets
     nothing more, and the record says GPU 0 came from the engine, not "refused"."""
     env = node.variant(tmp_path, policy={"standalone": {"env_requests": "ignore"}})
-    seen = engine_probe(
-        containers, env, [("/dev/nvidia0", 0)], env=["NVIDIA_VISIBLE_DEVICES=all"]
-    )
+    seen = engine_probe(containers, env, [("/dev/nvidia0", 0)], env=["NVIDIA_VISIBLE_DEVICES=all"])
     assert seen["returncode"] == 0, seen["stderr"]
     assert seen["dev"] == gpus(0)
     assert seen["env"]["NVIDIA_VISIBLE_DEVICES"] == uuid(node, 0)
