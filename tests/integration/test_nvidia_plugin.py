@@ -121,7 +121,9 @@ def test_a_gpu_the_engine_injected_for_its_allocation_is_kept_and_recorded(
 ) -> None:
     """The plugin's cdi-cri strategy: nothing in the spec but the nodes the engine injected."""
     env = k8s_env(node, tmp_path, [("pod-uid-1", "main", [uuid(node, 3)])])
-    seen = engine_probe(containers, env, [("/dev/nvidia3", 3)], annotations=f.k8s())
+    name = f"trainer-{uuidlib.uuid4().hex[:8]}"
+    annotations = f.k8s(name=name)
+    seen = engine_probe(containers, env, [("/dev/nvidia3", 3)], annotations=annotations)
     assert seen["returncode"] == 0, seen["stderr"]
     assert seen["dev"] == gpus(3)
     decision = record(seen)["decision"]
@@ -130,6 +132,9 @@ def test_a_gpu_the_engine_injected_for_its_allocation_is_kept_and_recorded(
     out = node.gpuhook("inspect", "container", seen["container_id"], env=env)
     assert out.returncode == 0, out.stderr
     assert "engine-cdi" in out.stdout and "allocated to pod" in out.stdout
+    out = node.gpuhook("inspect", "pod", f"ml/{name}", "--output", "table", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "engine-cdi /dev/nvidia3" in out.stdout and "granted 3" in out.stdout, out.stdout
 
 
 def test_a_standalone_containers_device_with_the_images_all_is_not_refused(

@@ -225,9 +225,18 @@ def records_table(
 
 
 def _asked(record: Record) -> str:
+    """The request channels, then the GPU nodes the engine injected (found by device number)."""
+    from gpuhook.model.decision import CHANNEL_ENGINE
+    from gpuhook.pipeline.engine import is_gpu_node
+
     req = record.view.request
     channels = req.channels if req is not None else ()
-    return "; ".join(f"{c.channel} {c.value or chr(34) * 2}" for c in channels) or "-"
+    asked = [f"{c.channel} {c.value or chr(34) * 2}" for c in channels]
+    devices = req.engine_devices if req is not None else ()
+    nodes = [path for path, major, minor in devices if is_gpu_node(major, minor)]
+    if nodes:
+        asked.append(f"{CHANNEL_ENGINE} {','.join(nodes)}")
+    return "; ".join(asked) or "-"
 
 
 def pod_table(records: list[Record], color: bool = False, now: float | None = None) -> str:
