@@ -122,7 +122,7 @@ def test_each_strategy_gives_exactly_the_allocated_gpus(
     )
     assert seen_bare["dev"] == [] and seen_bare["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"
     shown = explained["main"]["ASKED"]
-    assert shown[:40] == asked[:40], explained["main"]  # the table cuts long values
+    assert shown.startswith(asked[:40]), explained["main"]  # the table cuts long values
     assert explained["main"]["GOT"] == "granted " + ",".join(map(str, indices))
     assert explained_bare["main"]["GOT"] == "refused"
     assert "no GPU resource is allocated" in explained_bare["main"]["WHY"]
