@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, FakeNode
+from tests.integration.cri.daemon import IMAGE
 from tests.integration.kubelet import nvidia
 from tests.integration.kubelet.conftest import CHECKPOINT, Cluster
 from tests.integration.kubelet.kubelet import Container, Pod
@@ -126,6 +127,23 @@ def test_each_strategy_gives_exactly_the_allocated_gpus(
     assert explained["main"]["GOT"] == "granted " + ",".join(map(str, indices))
     assert explained_bare["main"]["GOT"] == "refused"
     assert "no GPU resource is allocated" in explained_bare["main"]["WHY"]
+
+
+def test_cdi_annotations_alone_give_an_image_without_env_its_gpus(
+    cluster: Cluster, plugin_run: Any
+) -> None:
+    """An image that says nothing of NVIDIA_VISIBLE_DEVICES relies on the plugin's annotation
+    alone (containerd 1.6 does not resolve CDI): before, gpuhook read it as another vendor's
+    device and the pod allocated 2 GPUs got none."""
+    plugin_run("cdi-annotations")
+    pod = Pod("nv-cdi-plain", (Container(gpus={nvidia.RESOURCE: 2}, image=IMAGE),))
+    with cluster.running(pod):
+        seen = cluster.k.probe(pod)
+        allocated = entry(cluster, pod)
+        explained = rows(cluster.explain(pod))
+    indices = sorted(index_of(cluster, i) for i in allocated["ids"])
+    assert len(indices) == 2 and seen["dev"] == gpus(*indices)
+    assert explained["main"]["GOT"] == "granted " + ",".join(map(str, indices))
 
 
 def test_time_sliced_replicas_of_nvidias_plugin(cluster: Cluster, plugin_run: Any) -> None:
