@@ -94,6 +94,13 @@ def spec_devices(spec: dict[str, Any]) -> tuple[tuple[str, int, int], ...]:
     return found if any(is_gpu_node(major, minor) for _, major, minor in found) else ()
 
 
+def engine_only(decision: Decision) -> bool:
+    """Whether the container's GPUs are all the engine's (no request channel granted any): gpuhook
+    then injects nothing (the engine applied its CDI spec's edits, or its user chose bare
+    ``--device`` nodes); it records them and names them in ``NVIDIA_VISIBLE_DEVICES``."""
+    return decision.channel == CHANNEL_ENGINE
+
+
 def is_gpu_node(major: int, minor: int) -> bool:
     return major == NVIDIA_MAJOR and 0 <= minor < FIRST_CONTROL_MINOR
 
