@@ -222,6 +222,7 @@ def test_a_privileged_container_keeps_every_device_the_engine_gave_it() -> None:
     nodes = [(f"/dev/nvidia{i}", 195, i) for i in range(8)] + [("/dev/nvidiactl", 195, 255)]
     out = run(with_nodes(f.spec(annotations=f.k8s(), privileged=True), *nodes))
     assert shown(out) == [str(i) for i in range(8)]
+    assert not out.changed  # recorded; left as the engine made it (no env, no driver files)
 
 
 def test_a_mig_device_the_engine_injected_is_found_by_its_caps_nodes() -> None:
