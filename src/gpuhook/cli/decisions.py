@@ -9,7 +9,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gpuhook.cli.render import age, paint, section, table
+from gpuhook.model.decision import CHANNEL_ENGINE
 from gpuhook.model.record import DecisionView
+from gpuhook.pipeline.engine import is_gpu_node
 from gpuhook.records import writer
 
 if TYPE_CHECKING:
@@ -226,9 +228,6 @@ def records_table(
 
 def _asked(record: Record) -> str:
     """The request channels, then the GPU nodes the engine injected (found by device number)."""
-    from gpuhook.model.decision import CHANNEL_ENGINE
-    from gpuhook.pipeline.engine import is_gpu_node
-
     req = record.view.request
     channels = req.channels if req is not None else ()
     asked = [f"{c.channel} {c.value or chr(34) * 2}" for c in channels]
