@@ -177,6 +177,9 @@ def test_a_gpu_the_engine_injected_that_no_allocation_covers_fails_the_create() 
         "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint allocates 1): a "
         "misconfigured or forged CDI spec (policy.kubernetes.engine_devices: verify)"
     )
+    unknown = with_nodes(f.spec(annotations=f.k8s()), ("/dev/nvidia9", 195, 9))
+    with pytest.raises(RequestError, match=r"minor 9, no GPU of this node's inventory"):
+        run(unknown, allocated=[f.gpu_uuid(1)])
     renamed = with_nodes(f.spec(annotations=f.k8s()), ("/dev/gpu-x", 195, 3))  # any path
     with pytest.raises(RequestError, match="injected /dev/gpu-x"):
         run(renamed)
