@@ -4,7 +4,8 @@ on the fake GPU node, for the real kubelet of this suite.
 It loads ``libnvidia-ml.so.1`` from its container driver root (``CONTAINER_DRIVER_ROOT``): here a
 folder of links to the fake node's driver root, with ``dev`` linked to the node's dev root (its
 dev root is the driver root when that has a ``dev/``), so it sees the fake NVML (with
-tools/fakenode/fake_nvml_plugin.c: event sets, topology) and the node's device nodes. It serves
+tools/fakenode/fake_nvml_plugin.c: event sets, topology; fake_nvml_mig.c: the MIG instance API)
+and the node's device nodes. It serves
 ``nvidia.com/gpu`` on the hard-coded ``/var/lib/kubelet/device-plugins/nvidia-gpu.sock`` (one
 plugin at a time) and, in the CDI strategies, writes its CDI spec to the hard-coded
 ``/var/run/cdi``: it runs in a private mount namespace whose ``/run`` is a private tmpfs, so that
@@ -29,8 +30,16 @@ RESOURCE = "nvidia.com/gpu"
 REGISTERED = f"Registered device plugin for '{RESOURCE}' with Kubelet"  # its log line
 SOCKET = deviceplugin.PLUGIN_DIR / "nvidia-gpu.sock"
 DRIVER_LINKS = ("usr", "etc", "lib", "proc", "sys")
-# the plugin's own mount namespace: /run (and so /var/run/cdi) a private tmpfs, then the plugin
-PRIVATE_RUN = 'mount -t tmpfs -o mode=755 tmpfs /run && mkdir /run/cdi && exec "$0" "$@"'
+# The plugin's own mount namespace: /run (and so /var/run/cdi) a private tmpfs; the node's
+# /proc/driver (nvidia-caps/mig-minors, nvidia/capabilities: MIG devices' caps minors) and
+# /proc/devices (the nvidia-caps major), which it reads at hard-coded host paths; then the plugin.
+# $1: the node's driver root.
+PRIVATE_RUN = (
+    "mount -t tmpfs -o mode=755 tmpfs /run && mkdir /run/cdi"
+    ' && mount --bind "$1/proc/driver" /proc/driver'
+    ' && mount --bind "$1/proc/devices" /proc/devices'
+    ' && shift && exec "$0" "$@"'
+)
 
 
 def binary(repo: Path, folder: Path) -> Path:
@@ -52,7 +61,7 @@ def driver_root(node_root: Path, folder: Path) -> Path:
         if not link.is_symlink():
             link.symlink_to(node_root / "driver" / name)
     if not (root / "dev").is_symlink():
-        (root / "dev").symlink_to(node_root / "dev")
+        (root / "dev").symlink_to(node_root / "dev" / "dev")  # the dev root's /dev
     return root
 
 
@@ -68,6 +77,7 @@ class NvidiaPlugin:
         strategy: str,
         id_strategy: str = "uuid",
         replicas: int = 0,
+        mig_strategy: str = "none",
     ) -> None:
         self.program = program
         self.node_root = node_root
@@ -75,11 +85,12 @@ class NvidiaPlugin:
         self.strategy = strategy
         self.id_strategy = id_strategy
         self.replicas = replicas
+        self.mig_strategy = mig_strategy
         self.log = folder / f"nvidia-plugin-{strategy}-{id_strategy}-{replicas}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def config(self) -> Path:
-        doc: dict[str, object] = {"version": "v1", "flags": {"migStrategy": "none"}}
+        doc: dict[str, object] = {"version": "v1", "flags": {"migStrategy": self.mig_strategy}}
         if self.replicas:
             resources = [{"name": RESOURCE, "replicas": self.replicas}]
             doc["sharing"] = {"timeSlicing": {"resources": resources}}
@@ -101,7 +112,7 @@ class NvidiaPlugin:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 ["unshare", "--mount", "--propagation", "private",
-                 "sh", "-c", PRIVATE_RUN, str(self.program)],
+                 "sh", "-c", PRIVATE_RUN, str(self.program), str(self.node_root / "driver")],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
 

@@ -4,9 +4,9 @@ its strategies an allocated pod sees exactly its GPUs, a pod without a request s
 checkpoint (AllocResp), so docs/device-plugins.md can say what it really sends.
 
 One plugin at a time (its socket name is fixed); it takes over ``nvidia.com/gpu`` from the
-suite's own plugin for this module's kubelet, on a node of 8 whole GPUs. The image of every
-container says ``NVIDIA_VISIBLE_DEVICES=all``. MPS is off here (gpuhook's config), so any GPU can
-be allocated.
+suite's own plugin for this module's kubelet, on the standard node (8 GPUs, 6 and 7 in MIG mode
+with 3 MIG devices each). The image of every container says ``NVIDIA_VISIBLE_DEVICES=all``. MPS is
+off here (gpuhook's config), so any GPU can be allocated.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, FakeNode
+from tests.conftest import REPO
 from tests.integration.cri.daemon import IMAGE
 from tests.integration.kubelet import nvidia
 from tests.integration.kubelet.conftest import CHECKPOINT, Cluster
@@ -28,16 +28,6 @@ from tests.integration.kubelet.test_kubelet import rows
 from tests.integration.test_leak_matrix import gpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
-
-
-@pytest.fixture(scope="module")
-def node(fake_node_factory: Any) -> FakeNode:
-    """This module's node: 8 whole GPUs. The plugin's CDI strategies describe MIG devices through
-    NVML's MIG instance API (GPU and compute instance profiles), which the fake NVML does not
-    model yet: on a MIG node they fail at start ("error getting MIG device attributes")."""
-    n: FakeNode = fake_node_factory("--gpus", "8")
-    n.refresh()
-    return n
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +40,17 @@ def plugin_run(cluster: Cluster, program: Path, tmp_path: Path) -> Iterator[Any]
     """A function starting NVIDIA's plugin (strategy, id strategy, replicas), stopped after."""
     started: list[nvidia.NvidiaPlugin] = []
 
-    def start(strategy: str, id_strategy: str = "uuid", replicas: int = 0) -> None:
+    def start(
+        strategy: str, id_strategy: str = "uuid", replicas: int = 0, mig: str = "none"
+    ) -> None:
         plugin = nvidia.NvidiaPlugin(
-            program, cluster.node.root, tmp_path, strategy, id_strategy, replicas
+            program, cluster.node.root, tmp_path, strategy, id_strategy, replicas, mig
         )
         started.append(plugin)
         plugin.start()
-        count = len(cluster.node.truth["gpus"]) * (replicas or 1)
-        plugin.wait_registered(CHECKPOINT, count)
+        gpus = cluster.node.truth["gpus"]
+        whole = [g for g in gpus if not g.get("mig_enabled")] if mig == "mixed" else gpus
+        plugin.wait_registered(CHECKPOINT, len(whole) * (replicas or 1))
 
     with cluster.configured(mps={"gpus": []}):
         try:
@@ -127,6 +120,33 @@ def test_each_strategy_gives_exactly_the_allocated_gpus(
     assert explained["main"]["GOT"] == "granted " + ",".join(map(str, indices))
     assert explained_bare["main"]["GOT"] == "refused"
     assert "no GPU resource is allocated" in explained_bare["main"]["WHY"]
+
+
+def test_a_mig_device_by_its_index_id(cluster: Cluster, plugin_run: Any) -> None:
+    """migStrategy mixed, deviceIDStrategy index: the plugin answers the MIG index form
+    `<gpu>:<mig>` (the checkpoint holds the MIG UUID); the pod sees that MIG device alone."""
+    plugin_run("envvar", "index", mig="mixed")
+    resource = "nvidia.com/mig-1g.10gb"
+    pod = Pod("nv-mig-index", (Container(gpus={resource: 1}),))
+    with cluster.running(pod):
+        seen = cluster.k.probe(pod)
+        (found,) = [e for e in cluster.checkpoint(pod) if e["ContainerName"] == "main"]
+        explained = rows(cluster.explain(pod))
+    (mig_uuid,) = [i for numa in found["DeviceIDs"].values() for i in numa]
+    ((gpu, mig),) = [
+        (g["index"], m["index"])
+        for g in cluster.node.truth["gpus"]
+        for m in g.get("mig_devices", ())
+        if m["uuid"] == mig_uuid
+    ]
+    assert found["ResourceName"] == resource
+    assert explained["main"]["ASKED"] == f"env {gpu}:{mig}"
+    assert explained["main"]["GOT"] == f"granted {gpu}:{mig}"
+    assert f"/dev/nvidia{gpu}" in seen["dev"]
+    assert [d for d in seen["dev"] if d.startswith("/dev/nvidia") and d[11:].isdigit()] == [
+        f"/dev/nvidia{gpu}"
+    ]
+    assert seen["env"]["NVIDIA_VISIBLE_DEVICES"] == mig_uuid
 
 
 def test_cdi_annotations_alone_give_an_image_without_env_its_gpus(
