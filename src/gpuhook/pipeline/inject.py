@@ -14,7 +14,7 @@ other NVIDIA component acts on it.
 
 from __future__ import annotations
 
-from gpuhook.model.decision import KIND_MIG
+from gpuhook.model.decision import CHANNEL_ENGINE, KIND_MIG
 from gpuhook.model.edits import ContainerEdits, Hook
 from gpuhook.pipeline import driverfiles
 from gpuhook.pipeline.request import ENV_CAPS, ENV_VISIBLE
@@ -68,13 +68,16 @@ def edits_for(
     """The edits for a decision. ``inventory`` may be None when nothing is injected. ``mps``:
     the MPS plan of a container granted MPS-shared GPUs (pipe directory, env, shm). ``rootfs``:
     the container's absolute rootfs, given to the ld.so.cache hook when known. ``spec``: the
-    container's spec; what the engine already put there (from gpuhook's CDI spec) is not added
-    a second time, and the granted devices whose nodes it holds are named in ``engine_injected``.
+    container's spec; what the engine already put there (from a CDI spec: a device node at its
+    path or with its device number) is not added a second time, and the granted devices whose
+    nodes it holds are named in ``engine_injected``.
     ``nvidia_hooks``: NVIDIA's prestart hooks in the spec, removed whatever the decision.
     ``compat``: the CUDA forward compatibility decision for the image (its folder goes first)."""
     visible = visible_value(decision)
     env = [f"{ENV_VISIBLE}={visible}"] if visible is not None else []
     remove = nvidia_hooks
+    if decision.channel == CHANNEL_ENGINE:  # the engine's GPUs alone: it injected what they need
+        return _engine_only(decision, env, remove, spec)
     if not decision.injects or inventory is None:
         return ContainerEdits(env=tuple(env), remove_hooks=remove)
     env.append(f"{ENV_CAPS}={','.join(decision.capabilities)}")
@@ -100,6 +103,20 @@ def edits_for(
         notes=notes,
     )
     return edits if spec is None else without_present(edits, decision, inventory, config, spec)
+
+
+def _engine_only(
+    decision: Decision, env: list[str], remove: tuple[str, ...], spec: Mapping[str, Any] | None
+) -> ContainerEdits:
+    """No device node, driver file or hook: only ``NVIDIA_VISIBLE_DEVICES``, set to the engine's
+    GPUs where the spec names any (the image's ``all``, a CDI spec's ``void``), and NVIDIA's
+    prestart hooks removed."""
+    named = any(e.startswith(f"{ENV_VISIBLE}=") for e in _env_of(spec))
+    return ContainerEdits(
+        env=tuple(env) if named else (),
+        remove_hooks=remove,
+        engine_injected=tuple(d.uuid for d in decision.devices),
+    )
 
 
 def _env_of(spec: Mapping[str, Any] | None) -> list[str]:
@@ -185,12 +202,13 @@ def without_present(
     spec: Mapping[str, Any],
 ) -> ContainerEdits:
     """``edits`` less what the spec already holds, by apply's own rules (a device node path, a
-    mount destination; gpuhook's ld.so.cache hook), with ``engine_injected``: the granted
-    devices whose nodes are all there, major and minor included. Raises
+    mount destination; gpuhook's ld.so.cache hook; a device node's number), with
+    ``engine_injected``: the granted devices whose nodes' numbers are all there. Raises
     :class:`MissingDevice` as :func:`granted_nodes` does."""
     from gpuhook.pipeline.apply import device_paths, taken_destinations
 
     present = _spec_nodes(spec)
+    numbers = {(major, minor) for _, major, minor in present}
     linux = spec.get("linux")
     paths = device_paths(linux.get("devices") if isinstance(linux, dict) else None)
     taken = taken_destinations(spec.get("mounts"), edits)
@@ -199,11 +217,15 @@ def without_present(
     injected = tuple(
         ref.uuid
         for ref in decision.devices
-        if all(_key(n) in present for n in _ref_nodes(ref, by_index, config))
+        if all((n.major, n.minor) in numbers for n in _ref_nodes(ref, by_index, config))
     )
     return ContainerEdits(
         env=edits.env,
-        device_nodes=tuple(n for n in edits.device_nodes if n.path not in paths),
+        device_nodes=tuple(  # a node the engine put at another path is not injected twice
+            n
+            for n in edits.device_nodes
+            if n.path not in paths and (n.major, n.minor) not in numbers
+        ),
         mounts=tuple(m for m in edits.mounts if m.container_path not in taken),
         hooks=tuple(h for h in edits.hooks if not (has_hook and _is_ldcache_hook(h.args))),
         remove_hooks=edits.remove_hooks,
@@ -211,10 +233,6 @@ def without_present(
         engine_injected=injected,
         notes=edits.notes,
     )
-
-
-def _key(node: DeviceNode) -> tuple[str, int, int]:
-    return (node.path, node.major, node.minor)
 
 
 def _spec_nodes(spec: Mapping[str, Any]) -> set[tuple[Any, Any, Any]]:
