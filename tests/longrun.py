@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,11 @@ class Case:
     annotations: dict[str, str] = field(default_factory=dict)
 
 
+# what a create must have given: (its case, its id, when it started (monotonic), its spec) ->
+# "" or the failure
+Judge = Callable[[Case, str, float, dict[str, Any]], str]
+
+
 @dataclass
 class Result:
     """What the loop saw: creates and deletes done, failures (one line each), latencies (s)."""
@@ -132,6 +137,7 @@ class Loop:
         rootfs: str,
         cases: list[Case],
         crash_every: int = 0,
+        judge: Judge | None = None,
     ) -> None:
         self.runtime = str(runtime)
         self.env = {"PATH": SYSTEM_PATH, **env}
@@ -140,6 +146,7 @@ class Loop:
         self.rootfs = rootfs
         self.cases = cases
         self.crash_every = crash_every
+        self.judge = judge or self._same_as_first
         self.expected: dict[str, tuple[str, list[str]]] = {}
         self.result = Result()
         self._stop = threading.Event()
@@ -183,16 +190,19 @@ class Loop:
         if out.returncode != 0 or out.stderr:
             failure = f"{cid}: exit {out.returncode}: {out.stderr.strip()}"
         else:
-            seen = granted(json.loads((bundle / "config.json").read_text()))
-            want = self.expected.setdefault(case.name, seen)
-            if seen != want:
-                failure = f"{cid}: granted {seen}, not {want}"
+            spec = json.loads((bundle / "config.json").read_text())
+            failure = self.judge(case, cid, start, spec)
         if not (self.crash_every and k % self.crash_every == 0):
             deleted = self.call("delete", cid)
             if deleted.returncode != 0 and not failure:
                 failure = f"{cid}: delete exit {deleted.returncode}: {deleted.stderr.strip()}"
         shutil.rmtree(bundle)
         return latency, failure
+
+    def _same_as_first(self, case: Case, cid: str, _start: float, spec: dict[str, Any]) -> str:
+        seen = granted(spec)
+        want = self.expected.setdefault(case.name, seen)
+        return f"{cid}: granted {seen}, not {want}" if seen != want else ""
 
     def _run(self) -> None:
         while not self._stop.is_set():

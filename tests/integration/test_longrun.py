@@ -307,3 +307,81 @@ def test_soak_of_the_runtime_service(
     assert last < 2 * first, f"median create {first * 1000:.1f} ms, then {last * 1000:.1f} ms"
     assert max(sizes) < 400, f"state folder entries over the run: {sizes}"
     assert after_sweep < 20, f"{after_sweep} entries after a due sweep"
+
+
+# --- item 7: a driver upgrade under load -------------------------------------------------------
+
+
+def driver_versions(spec: dict[str, Any]) -> set[str]:
+    """The driver versions of the libcuda files a spec bind-mounts."""
+    found = set()
+    for mount in spec.get("mounts", []):
+        name = os.path.basename(str(mount.get("source", "")))
+        if name.startswith("libcuda.so.") and name.count(".") >= 4:
+            found.add(name.removeprefix("libcuda.so."))
+    return found
+
+
+@pytest.mark.slow
+def test_a_driver_upgrade_under_load_gives_new_creates_the_new_files(
+    fake_node_factory: Any, tmp_path: Path, runtime_service: Start, socket_folder: Path,
+    rootfs: str, spec_template: dict[str, Any],
+) -> None:  # fmt: skip
+    """GPU creates through the service while the driver goes from 550.54.15 to 560.35.03 (the
+    node's driver folder replaced in one rename, as a package manager's last step leaves it, then
+    ``gpuhook inventory refresh``, as gpuhook-inventory.path runs it): no create fails, every
+    create mounts files of one driver that exist, and every create that started after the
+    refresh mounts the new driver's."""
+    old = fake_node_factory("--gpus", "2", "--driver-version", "550.54.15")
+    new = fake_node_factory("--gpus", "2", "--driver-version", "560.35.03")
+    current = tmp_path / "current"
+    current.symlink_to(old.root)
+    libdir = f"{current}/driver/usr/lib/{old.truth['libdir'].rsplit('/', 1)[-1]}"
+    sock = socket_folder / "svc" / "runtime.sock"
+    folder = tmp_path / "cfg"
+    folder.mkdir()
+    env = old.variant(
+        folder,
+        driver_root=f"{current}/driver",
+        state_dir=str(tmp_path / "state"),
+        runtime={"path": str(fake_runtime(folder)), "service": str(sock)},
+    )
+    env["LD_LIBRARY_PATH"] = libdir
+    config_loading.load(env["GPUHOOK_CONFIG"])
+    assert old.gpuhook("inventory", "refresh", env=env).returncode == 0
+    swapped: list[float] = []
+    refreshed: list[float] = []
+    seen: list[tuple[float, str]] = []
+
+    def judge(case: Case, cid: str, start: float, spec: dict[str, Any]) -> str:
+        versions = driver_versions(spec)
+        missing = [
+            m["source"] for m in spec.get("mounts", [])
+            if m.get("type") == "bind" and not os.path.exists(m["source"])
+        ]  # fmt: skip
+        seen.append((start, ",".join(sorted(versions))))
+        if len(versions) != 1:
+            return f"{cid}: driver files of {sorted(versions)}"
+        if swapped and start > swapped[0] and missing:  # one started before may name the old
+            return f"{cid}: started after the upgrade, mounts missing {missing[:3]}"
+        if refreshed and start > refreshed[0] and versions != {"560.35.03"}:
+            return f"{cid}: started after the refresh, got driver {versions}"
+        return ""
+
+    runtime_service(env, socket=sock)
+    loop = Loop(dispatcher(tmp_path / "d"), env, tmp_path / "bundles", spec_template, rootfs,
+                [Case("gpu", ["NVIDIA_VISIBLE_DEVICES=1"])], judge=judge)  # fmt: skip
+    loop.start(threads=3)
+    loop.wait_creates(40)
+    swap = tmp_path / "current.new"
+    swap.symlink_to(new.root)
+    swapped.append(time.monotonic())
+    os.replace(swap, current)  # the new driver's files, all at once
+    out = old.gpuhook("inventory", "refresh", env=env)
+    assert out.returncode == 0, out.stderr
+    refreshed.append(time.monotonic())
+    loop.wait_creates(loop.result.creates + 40)
+    result = loop.stop()
+    assert result.failures == []
+    versions = [v for _, v in seen]
+    assert versions[0] == "550.54.15" and versions[-1] == "560.35.03"
