@@ -330,8 +330,10 @@ def test_a_driver_upgrade_under_load_gives_new_creates_the_new_files(
     """GPU creates through the service while the driver goes from 550.54.15 to 560.35.03 (the
     node's driver folder replaced in one rename, as a package manager's last step leaves it, then
     ``gpuhook inventory refresh``, as gpuhook-inventory.path runs it): no create fails, every
-    create mounts files of one driver that exist, and every create that started after the
-    refresh mounts the new driver's."""
+    create mounts files of one driver, those of every create that started after the upgrade
+    exist (before the refresh, the create path finds the inventory stale and refreshes it), and
+    every create that started after the refresh mounts the new driver's. (A create deciding at
+    the instant of the rename may name the old files: the window of any runtime.)"""
     old = fake_node_factory("--gpus", "2", "--driver-version", "550.54.15")
     new = fake_node_factory("--gpus", "2", "--driver-version", "560.35.03")
     current = tmp_path / "current"
