@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from gpuhook.config.types import Config
 
 INTERVAL_S = 60.0  # between two sweeps of a folder without backlog
-BACKLOG_S = 1.0  # between two sweeps while the last one stopped at its budget
+BACKLOG_S = 0.25  # between two sweeps while the last one stopped at its budget
 BUDGET = 2048  # folder entries one sweep looks at
 GRACE_S = 60.0  # a temporary link or marker younger than this may be a create's under way
 STAMP = ".swept"  # in the records folder: its mtime is when the last sweep started
