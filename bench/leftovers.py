@@ -126,14 +126,15 @@ def median(values: list[float]) -> float:
 
 
 def measure(n: int, links: int, folder: str) -> dict[str, Any]:
-    """Interleaved: each case on the new node, and on the old one (``links`` leftover links)
-    right after they were left (``during``: the sweeps work them down), then once the folder is
-    swept (``after``)."""
+    """Interleaved with creates on the new node: on the old one, ``links`` leftover links left
+    while its service runs (``during``: the creates' bounded sweeps work them down; at most 10
+    creates a case, MPS admission then reads them all), and left before its service starts (as
+    after an upgrade: the service sweeps them in the background when it starts)."""
     node = Node(folder)
     rootfs = f"{folder}/rootfs"
     os.makedirs(f"{rootfs}/bin")
     envs = {name: node.config(name) for name in ("new", "old")}
-    services = [serve(env) for env in envs.values()]
+    services = {name: serve(env) for name, env in envs.items()}
     times: dict[str, list[float]] = {}
     count = iter(range(1 << 30))
 
@@ -144,36 +145,43 @@ def measure(n: int, links: int, folder: str) -> dict[str, Any]:
 
     old = f"{folder}/old/containers"
     try:
-        leave_links(f"{folder}/old", links, "left")
-        for _ in range(n):
+        leave_links(f"{folder}/old", links, "running")
+        for _ in range(min(n, 10)):
             for key, _, gpu in CASES:
                 timed(f"{key}/new", "new", gpu)
                 timed(f"{key}/during", "old", gpu)
-        times["swept_after"] = [float(len(os.listdir(old)))]
+        drained = 0
         while len(os.listdir(old)) > 100:
             timed("drain", "old", "0")
+            drained += 1
+        services["old"].terminate()
+        services["old"].wait()
+        leave_links(f"{folder}/old", links, "upgraded")
+        services["old"] = serve(envs["old"])
         for _ in range(n):
             for key, _, gpu in CASES:
+                timed(f"{key}/new_after", "new", gpu)
                 timed(f"{key}/after", "old", gpu)
+        left = len(os.listdir(old))
     finally:
-        for proc in services:
+        for proc in services.values():
             proc.terminate()
             proc.wait()
         for env in envs.values():
             subprocess.run([GPUHOOK, "mps", "stop"], env=env, capture_output=True, check=False)
     rows = []
     for key, label, _ in CASES:
-        new = median(times[f"{key}/new"]) * 1000
-        during, after = median(times[f"{key}/during"]) * 1000, median(times[f"{key}/after"]) * 1000
+        new, during = (median(times[f"{key}/{r}"]) * 1000 for r in ("new", "during"))
+        new_after, after = (median(times[f"{key}/{r}"]) * 1000 for r in ("new_after", "after"))
         rows.append({"case": key, "label": label, "new_node_ms": round(new, 2),
-                     "leftovers_ms": round(during, 2), "swept_ms": round(after, 2),
-                     "ratio_leftovers": round(during / new, 2),
-                     "ratio_swept": round(after / new, 2)})  # fmt: skip
+                     "leftovers_ms": round(during, 2), "ratio_leftovers": round(during / new, 2),
+                     "new_node_after_ms": round(new_after, 2), "upgraded_ms": round(after, 2),
+                     "ratio_upgraded": round(after / new_after, 2)})  # fmt: skip
     return {
         "creates_per_row": n,
         "leftover_links": links,
-        "entries_after_first_rows": int(times["swept_after"][0]),
-        "creates_to_drain": len(times.get("drain", [])) + 2 * n * len(CASES),
+        "creates_to_drain": drained + 10 * len(CASES),
+        "entries_left_after_upgrade_rows": left,
         "rows": rows,
     }
 
@@ -198,14 +206,18 @@ def main(argv: list[str]) -> int:
         report = measure(args.n, args.links, folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    print(f"{args.n} creates per row, interleaved (median ms): a new node's state folder, one with "
-          f"{args.links:,} leftover links while the sweeps work them down, the same once swept "
-          f"({report['creates_to_drain']} creates)")  # fmt: skip
-    print(f"{'case':<26}{'new node':>10}{'leftovers':>11}{'ratio':>7}{'swept':>9}{'ratio':>7}")
+    print(f"{args.n} creates per row, interleaved (median ms); a new node's state folder against "
+          f"one with {args.links:,} leftover links left while the service runs (10 creates "
+          f"a row; {report['creates_to_drain']} creates swept them), and left before the service "
+          f"started, as after an upgrade ({report['entries_left_after_upgrade_rows']} entries "
+          "left after)")  # fmt: skip
+    print(f"{'case':<26}{'new node':>10}{'running':>10}{'ratio':>7}{'new node':>10}"
+          f"{'upgraded':>10}{'ratio':>7}")  # fmt: skip
     for row in report["rows"]:
         print(
-            f"{row['label']:<26}{row['new_node_ms']:>10.2f}{row['leftovers_ms']:>11.2f}"
-            f"{row['ratio_leftovers']:>7.2f}{row['swept_ms']:>9.2f}{row['ratio_swept']:>7.2f}"
+            f"{row['label']:<26}{row['new_node_ms']:>10.2f}{row['leftovers_ms']:>10.2f}"
+            f"{row['ratio_leftovers']:>7.2f}{row['new_node_after_ms']:>10.2f}"
+            f"{row['upgraded_ms']:>10.2f}{row['ratio_upgraded']:>7.2f}"
         )
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as fh:
