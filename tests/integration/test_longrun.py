@@ -215,16 +215,26 @@ def test_100000_leftover_links_are_swept_by_the_creates_that_follow(
 # --- item 7: creates survive the service's death and restart -----------------------------------
 
 
+# how the service ends: every process of it at once (SIGKILL: ``kill -9``, an OOM kill; SIGTERM:
+# a unit with KillMode=control-group, a DaemonSet pod's termination), or its main process alone
+# (``systemctl restart`` of gpuhook-runtime.service, KillMode=process: busy workers finish, the
+# calls queued on the listening socket are reset when it closes)
+ENDINGS = {
+    "kill -9": (signal.SIGKILL, True),
+    "SIGTERM to all": (signal.SIGTERM, True),
+    "systemctl restart": (signal.SIGTERM, False),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["kill -9", "restart"])
+@pytest.mark.parametrize("how", sorted(ENDINGS))
 def test_creates_go_on_when_the_service_dies_or_restarts_mid_load(
     node: FakeNode, tmp_path: Path, runtime_service: Start, socket_folder: Path, rootfs: str,
     spec_template: dict[str, Any], how: str,
 ) -> None:  # fmt: skip
     """A loop of GPU, leak-case and MIG creates through the dispatcher and the service; three
-    times, the service and all its workers get SIGKILL (``kill -9``: creates go on in Python
-    until a new service listens) or SIGTERM and a new service takes the socket (``systemctl
-    restart``): no create fails, each gets what it got before."""
+    times, the service ends (see ENDINGS; after ``kill -9`` creates go on in Python for a while)
+    and a new service takes the socket: no create fails, each gets what it got before."""
     sock = socket_folder / "svc" / "runtime.sock"
     env = node_env(node, tmp_path / "cfg", sock, tmp_path / "state")
     svc = runtime_service(env, socket=sock)
@@ -233,10 +243,13 @@ def test_creates_go_on_when_the_service_dies_or_restarts_mid_load(
     loop.learn()
     check_expected(node, loop)
     loop.start(threads=3)
+    sig, everyone = ENDINGS[how]
     for round_ in range(3):
         loop.wait_creates(30 * (round_ + 1))
-        sig = signal.SIGKILL if how == "kill -9" else signal.SIGTERM
-        signal_all(svc.process.pid, sig)
+        if everyone:
+            signal_all(svc.process.pid, sig)
+        else:
+            svc.process.send_signal(sig)
         svc.process.wait(30)
         if how == "kill -9":
             loop.wait_creates(loop.result.creates + 10)  # no service: Python decides
