@@ -39,7 +39,8 @@ def main(argv: list[str]) -> int:
     rootfs = os.path.join(folder, "rootfs")
     os.makedirs(rootfs, exist_ok=True)
     lock = threading.Lock()
-    state = {"next": 0, "creates": 0, "failures": []}
+    state = {"next": 0, "creates": 0}
+    failures: list[str] = []
     stop = os.path.join(folder, "stop")
 
     def one(k: int) -> str:
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> int:
             with lock:
                 state["creates"] += 1
                 if failure:
-                    state["failures"].append(failure)
+                    failures.append(failure)
                 with open(os.path.join(folder, "count.tmp"), "w") as fh:
                     fh.write(str(state["creates"]))
                 os.replace(os.path.join(folder, "count.tmp"), os.path.join(folder, "count"))
@@ -80,7 +81,7 @@ def main(argv: list[str]) -> int:
     for w in workers:
         w.join()
     with open(os.path.join(folder, "result.json"), "w") as fh:
-        json.dump({"creates": state["creates"], "failures": state["failures"]}, fh)
+        json.dump({"creates": state["creates"], "failures": failures}, fh)
     return 0
 
 
