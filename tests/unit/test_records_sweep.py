@@ -85,10 +85,10 @@ def test_a_sweep_is_due_once_per_interval_and_one_create_sweeps(tmp_path: Path) 
     assert first is not None and first.removed == 3
     leftovers(config, tmp_path, 3, prefix="later")
     assert sweep.maybe(config, now + 1) is None  # one stat: not due
-    assert len(names(config)) == 5  # alive, the stamp, 3 new leftovers
+    assert len(names(config)) == 4  # alive, 3 new leftovers
     again = sweep.maybe(config, now + sweep.INTERVAL_S + 1)
     assert again is not None and again.removed == 3
-    assert names(config) == {"alive.json", sweep.STAMP}
+    assert names(config) == {"alive.json"}
 
 
 def test_a_sweep_looks_at_no_more_than_its_budget(tmp_path: Path) -> None:
@@ -139,7 +139,7 @@ def test_100000_leftover_links_are_worked_down_by_bounded_sweeps(memory_tmp: Pat
         now += sweep.BACKLOG_S
     assert sum(s.removed for s in sweeps) == 100_000
     assert len(sweeps) <= 100_000 // (sweep.BUDGET - 5) + 1
-    assert names(config) == {f"alive-{i}.json" for i in range(5)} | {sweep.STAMP}
+    assert names(config) == {f"alive-{i}.json" for i in range(5)}
     assert sweep.maybe(config, now + 1) is None  # no backlog: the interval again
 
 

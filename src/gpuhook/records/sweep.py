@@ -37,7 +37,8 @@ INTERVAL_S = 60.0  # between two sweeps of a folder without backlog
 BACKLOG_S = 0.25  # between two sweeps while the last one stopped at its budget
 BUDGET = 2048  # folder entries one sweep looks at
 GRACE_S = 60.0  # a temporary link or marker younger than this may be a create's under way
-STAMP = ".swept"  # in the records folder: its mtime is when the last sweep started
+STAMP = "containers.swept"  # in state_dir, beside the records folder: its mtime is when the
+# last sweep started
 
 
 class Swept(Frozen):
@@ -62,7 +63,7 @@ def maybe(config: Config, now: float | None = None) -> Swept | None:
     import fcntl
 
     now = time.time() if now is None else now
-    stamp = os.path.join(config.records_dir, STAMP)
+    stamp = os.path.join(config.state_dir, STAMP)
     due = _due(stamp, now)
     if not due:
         return None
