@@ -170,6 +170,22 @@ def test_a_link_replaced_while_it_was_found_dangling_is_kept(
     assert os.readlink(link) == str(record)
 
 
+def test_a_marker_without_a_link_goes_once_it_is_a_minute_old(tmp_path: Path) -> None:
+    """A crashed container's link swept before its marker was old enough to go with it: the
+    marker goes in a later sweep; a fresh one (a create under way) and one with a link stay."""
+    config = config_in(tmp_path)
+    live(config, tmp_path, "alive")
+    folder = Path(config.state_dir) / execenv.DIR
+    folder.mkdir()
+    now = time.time()
+    for cid, age in (("alive", 3600), ("crashed", 3600), ("creating", 1)):
+        (folder / cid).write_text('{"set": []}')
+        os.utime(folder / cid, (now - age, now - age))
+    swept = sweep.run(config, now)
+    assert (swept.removed, swept.more) == (1, False)
+    assert sorted(os.listdir(folder)) == ["alive", "creating"]
+
+
 def test_forget_removes_the_link_of_a_deleted_container_only(tmp_path: Path) -> None:
     config = config_in(tmp_path)
     live(config, tmp_path, "a")

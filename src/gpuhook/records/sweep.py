@@ -7,10 +7,11 @@ by the containers that exist, however many a node has run.
   that calls runc itself, a node that ran an older gpuhook) leaves a dangling link once its
   engine removes the bundle. A create that wrote a record sweeps the folder (:func:`maybe`) when
   the last sweep started :data:`INTERVAL_S` ago or more (one ``stat`` of the stamp otherwise):
-  dangling links, with the exec-env marker of the same id, and temporary links an interrupted
-  write left. One sweep looks at no more than :data:`BUDGET` entries, so its cost is bounded
-  whatever the folder holds; while a backlog remains, the next sweep comes :data:`BACKLOG_S`
-  after. Only one create sweeps at a time (a lock on the stamp); the others do not wait.
+  dangling links, with the exec-env marker of the same id, temporary links an interrupted write
+  left, and exec-env markers older than :data:`GRACE_S` whose id has no link. One sweep looks
+  at no more than :data:`BUDGET` entries, so its cost is bounded whatever the folder holds;
+  while a backlog remains, the next sweep comes :data:`BACKLOG_S` after. Only one create sweeps
+  at a time (a lock on the stamp); the others do not wait.
 * ``gpuhook gc`` (:mod:`.gc`) removes, on demand, what needs the runtime to judge: links whose
   bundle remains but whose container the runtime no longer has.
 
@@ -118,7 +119,31 @@ def run(config: Config, now: float, budget: int = BUDGET) -> Swept:
                     removed += _stale(entry.path, now)
     except OSError:
         pass
+    if not more:
+        examined, removed, more = _markers(config, now, budget, examined, removed)
     return Swept(examined, removed, more)
+
+
+def _markers(
+    config: Config, now: float, budget: int, examined: int, removed: int
+) -> tuple[int, int, bool]:
+    """Exec-env markers older than :data:`GRACE_S` whose container has no record link (its
+    link was swept before the marker was old enough to go with it); within the same budget."""
+    from gpuhook.records import execenv
+
+    folder = os.path.join(config.state_dir, execenv.DIR)
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if examined >= budget:
+                    return examined, removed, True
+                examined += 1
+                link = link_path(config.records_dir, entry.name)
+                if not os.path.lexists(link) and _age(entry.path, now) >= GRACE_S:
+                    removed += _stale(entry.path, now)
+    except OSError:
+        pass
+    return examined, removed, False
 
 
 def _dangling(config: Config, link: str, container_id: str, now: float) -> int:
