@@ -18,6 +18,7 @@ the delete tests run real runc.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -422,3 +423,24 @@ def test_a_driver_upgrade_under_load_gives_new_creates_the_new_files(
     assert result.failures == []
     versions = [v for _, v in seen]
     assert versions[0] == "550.54.15" and versions[-1] == "560.35.03"
+
+
+# --- the bench ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_leftovers_bench_runs_and_reports_its_rows(tmp_path: Path) -> None:
+    """bench/leftovers.py, small: both cases, the three state folders, its JSON; the leftovers
+    left before the service started are gone after its rows (the service's start sweep)."""
+    report = tmp_path / "leftovers.json"
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "leftovers.py"), "-n", "2", "--links", "3000",
+         "--json", str(report)],
+        capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(report.read_text())
+    assert [r["case"] for r in data["rows"]] == ["gpu1", "mps"]
+    assert all(r["new_node_ms"] > 0 and r["upgraded_ms"] > 0 for r in data["rows"])
+    assert data["entries_left_after_upgrade_rows"] < 10
+    assert "MPS client (admission)" in out.stdout
