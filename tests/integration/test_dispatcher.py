@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -306,9 +306,13 @@ class FakeService:
     """A runtime service that answers one call with ``answer`` (None: closes without one) and
     keeps what it received: the request's words, and where its descriptors point."""
 
-    def __init__(self, path: Path, answer: bytes | None) -> None:
+    def __init__(
+        self, path: Path, answer: bytes | None, meanwhile: Callable[[], None] | None = None
+    ) -> None:
+        """``meanwhile``: what it does before it answers (or closes)."""
         self.path = path
         self.answer = answer
+        self.meanwhile = meanwhile
         self.words: list[str] = []
         self.fds: list[str] = []
         path.unlink(missing_ok=True)
@@ -329,6 +333,8 @@ class FakeService:
             self.fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in fds]
             for fd in fds:
                 os.close(fd)
+            if self.meanwhile is not None:
+                self.meanwhile()
             if self.answer is not None:
                 conn.send(self.answer)
 
@@ -381,23 +387,73 @@ def test_a_marked_create_is_offered_to_the_service(served: Node, answer: str) ->
     assert len(fake.fds) == wire.FDS
 
 
-def test_a_service_that_ends_the_call_without_an_answer_fails_it(served: Node) -> None:
-    """The service may have rewritten the spec already: the create fails (one line on stderr and
-    in runc's --log file), it is never passed on half-decided."""
+def test_a_service_that_ends_the_call_without_an_answer_leaves_it_to_python(
+    served: Node,
+) -> None:
+    """The service died mid-call (killed, restarted, upgraded) after rewriting the spec: the
+    dispatcher puts config.json back as the engine wrote it (atomically, no temp file left) and
+    Python decides the create whole, as without a service."""
     node = served
     cwd = node.root / "cwd"
     cwd.mkdir(exist_ok=True)
-    (cwd / "config.json").write_bytes(MARKED[1])
+    spec = cwd / "config.json"
+    spec.write_bytes(MARKED[1])
+    spec.chmod(0o640)
+
+    def half_done() -> None:
+        half = cwd / "half.json"
+        half.write_bytes(b'{"half": "written by a worker that died"}')
+        os.replace(half, spec)
+
+    fake = FakeService(Path(node.socket), None, half_done)
+    try:
+        done = node.call(["create", "c1"], cwd)
+    finally:
+        fake.close()
+    assert (done.returncode, done.stdout, done.stderr) == (0, "python\n", "")
+    assert spec.read_bytes() == MARKED[1]
+    assert spec.stat().st_mode & 0o777 == 0o640
+    assert sorted(os.listdir(cwd)) == ["config.json"]
+    marker = node.state / execenv.DIR / "c1"  # an exec of a marked container: nothing to put back
+    marker.parent.mkdir(exist_ok=True)
+    marker.write_text("{}")
+    fake = FakeService(Path(node.socket), None)
+    try:
+        assert node.run(["exec", "c1"], cwd) == "python"
+    finally:
+        fake.close()
+        marker.unlink()
+
+
+def test_a_spec_that_cannot_be_put_back_fails_the_create_in_one_line(served: Node) -> None:
+    """The service ended the call without an answer and config.json cannot be put back (here a
+    folder took its place): the create fails (one line on stderr and in runc's --log file), it
+    is never passed on half-decided."""
+    node = served
+    cwd = node.root / "cwd2"
+    cwd.mkdir(exist_ok=True)
+    spec = cwd / "config.json"
+    spec.write_bytes(MARKED[1])
     log = cwd / "log.json"
     log.unlink(missing_ok=True)
-    fake = FakeService(Path(node.socket), None)
+
+    def folder_instead() -> None:
+        spec.unlink()
+        spec.mkdir()
+        (spec / "x").write_text("")
+
+    fake = FakeService(Path(node.socket), None, folder_instead)
     try:
         done = node.call(["--log", str(log), "--log-format", "json", "create", "c1"], cwd)
     finally:
         fake.close()
-    line = f"gpuhook: the runtime service at {node.socket} ended the call without an answer"
+        shutil.rmtree(spec)
+    line = (
+        f"gpuhook: the runtime service at {node.socket} ended the call without an answer and "
+        f"./config.json could not be put back as the engine wrote it"
+    )
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.startswith(line)
+    assert done.stderr.startswith(line) and done.stderr.count("\n") == 1
     entry = json.loads(log.read_text())
     assert entry["level"] == "error" and entry["msg"].startswith(line)
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 DEFAULT_PATH = "/etc/gpuhook/config.yaml"
 ENV_CONFIG = "GPUHOOK_CONFIG"
 ENV_DEBUG = "GPUHOOK_DEBUG"
+RECORDS_DIR = "containers"  # under state_dir: the record links (rendered into the dispatcher)
 ENV_CACHE_DIR = "GPUHOOK_CACHE_DIR"
 KUBELET_DIR_DEFAULT = "/var/lib/kubelet"
 CHECKPOINT_IN_KUBELET_DIR = "device-plugins/kubelet_internal_checkpoint"
@@ -254,7 +255,7 @@ class Config(Frozen):
 
     @property
     def records_dir(self) -> str:
-        return os.path.join(self.state_dir, "containers")
+        return os.path.join(self.state_dir, RECORDS_DIR)
 
     @property
     def propagated_env(self) -> tuple[str, ...]:

@@ -3,7 +3,9 @@
 Owns: building and writing records (:mod:`.writer`, the one record writer), lookup by id or
 prefix and listing (:mod:`.lookup`, which reads each record once into
 :class:`gpuhook.model.record.Record`, the model every reader uses; what the live MPS records
-reserve is :mod:`gpuhook.mps.admission`'s), gc of the links of deleted containers (:mod:`.gc`),
+reserve is :mod:`gpuhook.mps.admission`'s), the folder's automatic upkeep (:mod:`.sweep`:
+links removed on delete, swept once they dangle), gc of the links of deleted containers the
+runtime must judge (:mod:`.gc`),
 the exec-env markers of containers whose grant carries environment (:mod:`.execenv`), and the
 container-id rule both name files by, with the record link's name (:mod:`.ids`).
 

@@ -7,8 +7,9 @@ rewrite changed the environment writes a marker, ``<state_dir>/exec-env/<id>`` (
 to set and what to remove); the dispatcher sends an ``exec`` to Python only when that marker
 exists (one stat), and the shim writes the values into runc's ``--process FILE`` (atomically)
 before it execs the runtime. ``exec`` without ``--process`` needs nothing: runc then builds the
-process from the bundle's (rewritten) ``config.json``. The dispatcher removes the marker when a
-``delete`` succeeds; ``gpuhook gc`` removes those of containers the runtime no longer has.
+process from the bundle's (rewritten) ``config.json``. The dispatcher removes the marker (and the
+record link) when a ``delete`` succeeds; the creates' sweep removes it with its dangling link
+(:mod:`.sweep`); ``gpuhook gc`` removes those of containers the runtime no longer has.
 """
 
 from __future__ import annotations

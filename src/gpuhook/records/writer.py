@@ -4,8 +4,9 @@ Each create whose spec carries a GPU marker writes ``<bundle>/gpuhook-decision.j
 (atomically; a container without any marker gets none: the dispatcher passes it to the
 runtime without Python) and links it as
 ``<state_dir>/containers/<id>.json``. The engine removes the bundle when it deletes the
-container, which removes the record with it without gpuhook running on ``delete``; the dangling
-link is ignored by ``gpuhook inspect container`` and removed by ``gpuhook gc``. Writing a record
+container, which removes the record with it; the link goes when the runtime's ``delete`` through
+gpuhook-runtime succeeds, else (a crash) the creates' sweep removes it once it dangles
+(:mod:`.sweep`); a dangling link is ignored by ``gpuhook inspect container``. Writing a record
 never blocks a container: failures are returned for the caller to log.
 """
 

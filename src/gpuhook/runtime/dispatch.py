@@ -30,8 +30,8 @@ import sys
 from gpuhook import errors, markers
 from gpuhook.config import cache as config_cache
 from gpuhook.config import locate
-from gpuhook.config.types import DEFAULT_PATH, ENV_CACHE_DIR, ENV_CONFIG, ENV_DEBUG
-from gpuhook.fsutil import atomic_write
+from gpuhook.config.types import DEFAULT_PATH, ENV_CACHE_DIR, ENV_CONFIG, ENV_DEBUG, RECORDS_DIR
+from gpuhook.fsutil import TMP_MARK, atomic_write
 from gpuhook.inventory import ldcache
 from gpuhook.pipeline import inject
 from gpuhook.records import execenv, ids
@@ -117,6 +117,10 @@ def c_substitutions() -> dict[str, str]:
         "POINTER_NAME": _c_string(config_cache.POINTER_NAME),
         "UNTRUSTED_MODE": f"0{config_cache.UNTRUSTED_MODE:o}",
         "EXEC_ENV_DIR": _c_string(execenv.DIR),
+        "RECORDS_DIR": _c_string(RECORDS_DIR),
+        "RECORD_SUFFIX": _c_string(ids.SUFFIX),
+        "TMP_MARK": _c_string(TMP_MARK),
+        "MAX_SAVED_SPEC": str(wire.MAX_SAVED_SPEC),
         "LOG_FLAG": _c_string(f"g:{runc_argv.LOG_FLAG}"),
         "LOG_FORMAT_FLAG": _c_string(f"g:{runc_argv.LOG_FORMAT_FLAG}"),
         "PROTOCOL": _c_string(wire.PROTOCOL),

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import NoReturn
 
+    from gpuhook.config.types import Config
+
 # What the service imports before it forks, so that a request imports nothing (but pynvml for a
 # lazy inventory refresh, and yaml and jsonschema to compile a config edited since its cache was
 # written): every module of the packages the shim may import (gpuhook.runtime's "May import" set,
@@ -241,9 +243,35 @@ def main(args: list[str]) -> int:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
+    _sweep_records(config)
     signum = serve(listener, socket_path, (int(dev), int(ino)), announce)
     logger.info("runtime service stopped", signal=signal.Signals(signum).name)
     return 0
+
+
+def _sweep_records(config: Config) -> None:
+    """Sweep the whole records folder once, in a process of its own (detached: the service
+    never waits for it), so that a node upgraded with a backlog of dangling links (left by an
+    older gpuhook, or by crashes) does not wait for the creates' bounded sweeps
+    (:mod:`gpuhook.records.sweep`); MPS admission reads that folder on every create."""
+    import time
+
+    from gpuhook.records import sweep
+
+    try:
+        pid = os.fork()
+    except OSError:
+        return
+    if pid:
+        os.waitpid(pid, 0)
+        return
+    try:
+        if os.fork() == 0:
+            os.setsid()
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the listening socket above all
+            sweep.run(config, time.time(), budget=1 << 62)
+    finally:
+        os._exit(0)
 
 
 def listen(path: str) -> tuple[socket.socket, tuple[int, int]]:

@@ -108,12 +108,15 @@ def _exec_env(config: Config, args: RuntimeArgs, argv: list[str]) -> GpuhookErro
 def _delete(
     config: Config, runtime: str, argv: list[str], args: RuntimeArgs, execute: Execute | None
 ) -> int:
-    """Run the runtime's delete; when it succeeds, remove the container's exec-env marker (a
-    container without one: exec the runtime, as the dispatcher does)."""
-    from gpuhook.records import execenv
+    """Run the runtime's delete; when it succeeds, remove the container's exec-env marker and
+    record link (a container with neither: exec the runtime, as the dispatcher does)."""
+    from gpuhook.records import execenv, ids, sweep
 
     marker = execenv.marker_path(config.state_dir, args.container_id)
-    if not marker or not os.path.lexists(marker):
+    if not marker or not (
+        os.path.lexists(marker)
+        or os.path.lexists(ids.link_path(config.records_dir, args.container_id))
+    ):
         return _exec(runtime, argv, args, execute)
     try:
         pid = os.posix_spawn(runtime, [runtime, *argv[1:]], os.environ)
@@ -124,6 +127,7 @@ def _delete(
         return 128 - code  # killed by a signal: the shell's code, as the dispatcher reports it
     if code == 0:
         execenv.forget(config.state_dir, args.container_id)
+        sweep.forget(config, args.container_id)
     return code
 
 
@@ -238,6 +242,7 @@ def _create_full(
             unwritten = _record(config, args, bundle, req, caller)
             if unwritten:
                 _logger(args, bundle).warning("record not written", error=unwritten)
+            _tidy(config, args, bundle)
         return _exec_configured(config, argv, args, execute)
     return _decide(argv, args, bundle, spec, config, req, execute, caller)
 
@@ -291,10 +296,27 @@ def _decide(
         logger.warning("record not written", error=failure)
     if marker_failure:
         logger.warning("exec-env marker not written", error=marker_failure)
+    _tidy(config, args, bundle)
     runtime, missing = _runtime(config)
     if missing is not None:
         return _fail(args, missing)
     return _exec(runtime, argv, args, execute)
+
+
+def _tidy(config: Config, args: RuntimeArgs, bundle: str) -> None:
+    """The records folder's bounded sweep, when one is due (:mod:`gpuhook.records.sweep`),
+    after this create's record; never fails the create."""
+    from gpuhook.records import sweep
+
+    try:
+        swept = sweep.maybe(config)
+    except Exception as exc:  # a bug in upkeep must not cost a create
+        _logger(args, bundle).warning("records sweep failed", error=repr(exc))
+        return
+    if swept is not None and swept.removed:
+        _logger(args, bundle).debug(
+            "records swept", removed=swept.removed, examined=swept.examined, more=swept.more
+        )
 
 
 def _log_decision(logger: Any, outcome: Outcome) -> None:

@@ -12,6 +12,12 @@ reply
     :data:`EXIT` + a decimal exit code: the dispatcher exits with it (the one-line error is
     already on its stderr); :data:`DECLINE` + a reason: the dispatcher starts Python itself.
     At most :data:`MAX_REPLY` bytes (a reason is cut to fit).
+no reply
+    The connection ends without a reply when the worker died mid-call (the service killed,
+    restarted, upgraded). The dispatcher then runs Python itself, as for :data:`DECLINE`; for a
+    create, after putting ``config.json`` back as the engine wrote it (it keeps the bytes, up to
+    :data:`MAX_SAVED_SPEC`, while the service decides), so the create is decided once, whole,
+    whatever the dead worker had written. A spec it could not keep fails the create (one line).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ DECLINE = b"F"
 MAX_REQUEST = 1 << 20
 FDS = 4
 MAX_REPLY = 1 + 4096  # the kind and a path of PATH_MAX bytes
+MAX_SAVED_SPEC = 64 << 20  # the largest config.json the dispatcher keeps to retry a create
 
 
 class Declined(Exception):
