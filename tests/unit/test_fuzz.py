@@ -446,9 +446,10 @@ def crio_keys_are_its_own(annotations: dict[str, str]) -> bool:
 
 
 def allocated_devices(allocated: list[str]) -> frozenset[str]:
-    """The fuzz allocation's GPU ids as device UUIDs (a UUID in any case; an index or an unknown
-    id: none, the create fails). The RDMA resource's ids are never devices."""
-    by_name = {u.lower(): u for u in EVERY_DEVICE}
+    """The fuzz allocation's GPU ids as device UUIDs: a UUID in any case, or a GPU's index (NVIDIA's
+    device plugin's deviceIDStrategy: index, which resolves through the inventory as a UUID does);
+    an unknown id: none, the create fails. The RDMA resource's ids are never devices."""
+    by_name = {u.lower(): u for u in EVERY_DEVICE} | {str(g.index): g.uuid for g in INVENTORY.gpus}
     return frozenset(by_name[a.lower()] for a in allocated if a.lower() in by_name)
 
 
