@@ -349,12 +349,15 @@ def test_soak_of_the_runtime_service(
 
 
 def driver_versions(spec: dict[str, Any]) -> set[str]:
-    """The driver versions of the libcuda files a spec bind-mounts."""
+    """The driver versions of the libcuda files a spec bind-mounts: one by one, or in a driver
+    library folder prepared at inventory refresh (one bind of the whole folder)."""
     found = set()
     for mount in spec.get("mounts", []):
-        name = os.path.basename(str(mount.get("source", "")))
-        if name.startswith("libcuda.so.") and name.count(".") >= 4:
-            found.add(name.removeprefix("libcuda.so."))
+        source = str(mount.get("source", ""))
+        names = os.listdir(source) if os.path.isdir(source) else [os.path.basename(source)]
+        for name in names:
+            if name.startswith("libcuda.so.") and name.count(".") >= 4:
+                found.add(name.removeprefix("libcuda.so."))
     return found
 
 

@@ -128,7 +128,7 @@ class Session:
         self.live: list[tuple[lifecycle.Runtime, str]] = []  # created, not deleted yet
         self.ids: list[str] = []  # every id given to gpuhook-runtime
         self.created = 0  # containers created (both runtimes)
-        self.links_removed = 0
+        self.recorded: set[str] = set()  # containers whose record link this run saw
         self.ran = 0
         self.failures: dict[str, str] = {}  # create failure line -> the check that saw it
         # gpuhook-runtime makes these for the first GPU container; removed again when empty
@@ -188,6 +188,8 @@ class Session:
             self.created += 1
         else:
             self.live.remove((runtime, cid))
+        if _points_into(link_path(self.config.records_dir, cid), self.work_dir):
+            self.recorded.add(cid)  # gone by cleanup: removed by the delete, a sweep, or us
         return ran
 
     def _delete(self, runtime: lifecycle.Runtime, cid: str) -> str:
@@ -214,9 +216,9 @@ class Session:
 
         link = link_path(self.config.records_dir, cid)
         if _points_into(link, self.work_dir):
+            self.recorded.add(cid)
             try:
                 os.unlink(link)
-                self.links_removed += 1
             except OSError as exc:
                 return f"record link {link}: {exc.strerror}"
         execenv.forget(self.config.state_dir, cid)
@@ -279,7 +281,7 @@ class Session:
         return Result(
             "cleanup",
             PASS,
-            f"deleted its {self.created} containers, removed their {self.links_removed} record "
+            f"deleted its {self.created} containers, removed their {len(self.recorded)} record "
             f"links and {self.work_dir}",
         )
 
