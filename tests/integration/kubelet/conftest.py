@@ -71,6 +71,9 @@ class Cluster:
         self.kubelet: Kubelet | None = None
         self.cri: cri_client.CriClient | None = None
         self.plugins: dict[str, Plugin] = {}
+        # A device plugin's /var/run/cdi (NVIDIA's writes its spec there): on containerd 2.x's
+        # CDI spec dirs, as a real node's /var/run/cdi is, and nowhere on the host's.
+        self.plugin_cdi = root / "plugin-cdi"
 
     def uuid(self, index: int) -> str:
         return str(self.node.truth["gpus"][index]["uuid"])
@@ -217,7 +220,8 @@ def start(cluster: Cluster, binary: Path, rootfs: str, scratch: Path, bin_dir: P
     root = cluster.root
     write_config(cluster)
     config = root / "config.toml"
-    config.write_text(private_config(root, bin_dir, cluster.node.config))
+    cluster.plugin_cdi.mkdir()
+    config.write_text(private_config(root, bin_dir, cluster.node.config, [str(cluster.plugin_cdi)]))
     out = cluster.node.gpuhook(*register(config, bin_dir, testbed.RUNTIME))
     assert out.returncode == 0, out.stderr
     env = engines.daemon_env(str(cluster.config))

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.integration.cri.daemon import IMAGE
+from tests.integration.cri.daemon import ENGINES, IMAGE
 from tests.integration.kubelet import nvidia
 from tests.integration.kubelet.conftest import CHECKPOINT, Cluster
 from tests.integration.kubelet.kubelet import Container, Pod
@@ -43,9 +43,15 @@ def plugin_run(cluster: Cluster, program: Path, tmp_path: Path) -> Iterator[Any]
     def start(
         strategy: str, id_strategy: str = "uuid", replicas: int = 0, mig: str = "none"
     ) -> None:
+        if cdi_engine(cluster, strategy):
+            # containerd 2.x resolves the plugin's CDI names from its spec, which under
+            # migStrategy none has no entry for a GPU in MIG mode (only its MIG devices):
+            # a pod given GPU 6 or 7 would fail ("unresolvable CDI devices").
+            mig = "mixed"
         plugin = nvidia.NvidiaPlugin(
-            program, cluster.node.root, tmp_path, strategy, id_strategy, replicas, mig
-        )
+            program, cluster.node.root, tmp_path, strategy, id_strategy, replicas, mig,
+            cdi_dir=cluster.plugin_cdi,
+        )  # fmt: skip
         started.append(plugin)
         plugin.start()
         gpus = cluster.node.truth["gpus"]
@@ -58,6 +64,19 @@ def plugin_run(cluster: Cluster, program: Path, tmp_path: Path) -> Iterator[Any]
         finally:
             for plugin in started:
                 plugin.stop()
+
+
+def nodes(cluster: Cluster, strategy: str, *indices: int) -> list[str]:
+    """The device nodes a pod given GPUs ``indices`` sees: gpuhook's, and on containerd 2.x in
+    the CDI strategies the common nodes of NVIDIA's spec, which containerd injects too
+    (``/dev/nvidia-modeset`` besides the control nodes gpuhook gives)."""
+    common = ["/dev/nvidia-modeset"] if cdi_engine(cluster, strategy) else []
+    return sorted(gpus(*indices) + common)
+
+
+def cdi_engine(cluster: Cluster, strategy: str) -> bool:
+    """Whether the engine resolves the plugin's CDI names itself (containerd 2.x)."""
+    return strategy.startswith("cdi") and cluster.engine != ENGINES[0]
 
 
 def entry(cluster: Cluster, pod: Pod) -> dict[str, Any]:
@@ -110,7 +129,7 @@ def test_each_strategy_gives_exactly_the_allocated_gpus(
         explained_bare = rows(cluster.explain(bare))
     indices = sorted(index_of(cluster, i) for i in allocated["ids"])
     record_answer(cluster, f"{strategy}/{ids}", allocated)
-    assert seen["dev"] == gpus(*indices)
+    assert seen["dev"] == nodes(cluster, strategy, *indices)
     assert sorted(seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(
         cluster.uuid(i) for i in indices
     )
@@ -162,7 +181,7 @@ def test_cdi_annotations_alone_give_an_image_without_env_its_gpus(
         allocated = entry(cluster, pod)
         explained = rows(cluster.explain(pod))
     indices = sorted(index_of(cluster, i) for i in allocated["ids"])
-    assert len(indices) == 2 and seen["dev"] == gpus(*indices)
+    assert len(indices) == 2 and seen["dev"] == nodes(cluster, "cdi-annotations", *indices)
     assert explained["main"]["GOT"] == "granted " + ",".join(map(str, indices))
 
 
