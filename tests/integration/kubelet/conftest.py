@@ -299,10 +299,20 @@ def exclusive(binary: Path) -> Iterator[None]:
         yield
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "engines(*names): the containerds of ENGINES a kubelet test runs on (all)"
+    )
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every test of a module runs under a kubelet on containerd 1.6, then on containerd 2.x."""
+    """Every test of a module runs under a kubelet on containerd 1.6, then on containerd 2.x;
+    a test marked ``engines(...)`` on those it names (what needs CDI: containerd 2.x)."""
     if "cluster" in metafunc.fixturenames:
-        metafunc.parametrize("cluster", ENGINES, indirect=True, scope="module")
+        marker = metafunc.definition.get_closest_marker("engines")
+        names = marker.args if marker else ENGINES
+        assert set(names) <= set(ENGINES), names
+        metafunc.parametrize("cluster", names, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")

@@ -127,8 +127,14 @@ def test_each_strategy_gives_exactly_the_allocated_gpus(
         allocated = entry(cluster, pod)
         explained = rows(cluster.explain(pod))
         explained_bare = rows(cluster.explain(bare))
+        records = cluster.records(pod)
     indices = sorted(index_of(cluster, i) for i in allocated["ids"])
     record_answer(cluster, f"{strategy}/{ids}", allocated)
+    if cdi_engine(cluster, strategy):  # containerd injected them too: granted once, not refused
+        (main,) = [r for r in records if r["kubernetes"]["container_name"] == "main"]
+        engine = [r for r in main["decision"]["reasons"] if r["channel"] == "engine-cdi"]
+        assert sorted(r["value"] for r in engine) == [f"/dev/nvidia{i}" for i in indices]
+        assert all("injected by the engine, is what" in r["why"] for r in engine), engine
     assert seen["dev"] == nodes(cluster, strategy, *indices)
     assert sorted(seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(
         cluster.uuid(i) for i in indices
@@ -183,6 +189,42 @@ def test_cdi_annotations_alone_give_an_image_without_env_its_gpus(
     indices = sorted(index_of(cluster, i) for i in allocated["ids"])
     assert len(indices) == 2 and seen["dev"] == nodes(cluster, "cdi-annotations", *indices)
     assert explained["main"]["GOT"] == "granted " + ",".join(map(str, indices))
+
+
+@pytest.mark.engines(ENGINES[1])  # containerd 1.6 has no CDI: the kubelet's CDIDevices go nowhere
+def test_cdi_cri_gives_exactly_the_allocated_gpus(cluster: Cluster, plugin_run: Any) -> None:
+    """deviceListStrategy cdi-cri: the plugin answers CDI names in the CRI ``CDIDevices`` field
+    alone (no env, no annotation); containerd 2.x injects the GPUs from the plugin's spec and
+    gpuhook verifies those nodes against the kubelet's checkpoint (channel engine-cdi)."""
+    plugin_run("cdi-cri")
+    pod = Pod("nv-cdi-cri", (Container(gpus={nvidia.RESOURCE: 2}),))
+    bare = Pod("nv-cdi-cri-none", (Container(),))
+    with cluster.running(pod, bare):
+        seen = cluster.k.probe(pod)
+        seen_bare = cluster.k.probe(bare)
+        allocated = entry(cluster, pod)
+        explained = rows(cluster.explain(pod))
+        explained_bare = rows(cluster.explain(bare))
+    indices = sorted(index_of(cluster, i) for i in allocated["ids"])
+    record_answer(cluster, "cdi-cri/uuid", allocated)
+    answer = allocated["answer"]
+    assert sorted(d.name for d in answer.cdi_devices) == sorted(
+        f"k8s.device-plugin.nvidia.com/gpu={i}" for i in allocated["ids"]
+    )
+    assert not answer.envs and not answer.annotations
+    assert len(indices) == 2 and seen["dev"] == nodes(cluster, "cdi-cri", *indices)
+    assert sorted(seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(
+        cluster.uuid(i) for i in indices
+    )
+    channel, _, injected = explained["main"]["ASKED"].partition(" ")  # in containerd's order
+    assert channel == "engine-cdi", explained["main"]
+    assert sorted(injected.split(",")) == [f"/dev/nvidia{i}" for i in indices]
+    assert explained["main"]["GOT"] == "granted " + ",".join(map(str, indices))
+    why = explained["main"]["WHY"]
+    assert any(why.startswith(f"GPU {i} ({cluster.uuid(i)}), injected by") for i in indices), why
+    assert seen_bare["dev"] == [] and seen_bare["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert explained_bare["main"]["GOT"] == "refused"
+    assert "no GPU resource is allocated" in explained_bare["main"]["WHY"]
 
 
 def test_time_sliced_replicas_of_nvidias_plugin(cluster: Cluster, plugin_run: Any) -> None:
