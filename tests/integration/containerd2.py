@@ -14,6 +14,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -76,12 +77,16 @@ def unpack(dest: Path = DEST) -> Path:
     return dest
 
 
-def cri_config(root: Path, pause: str, runc_root: Path, cdi_dir: str) -> str:
+def cri_config(
+    root: Path, pause: str, runc_root: Path, cdi_dir: str, more_cdi_dirs: Sequence[str] = ()
+) -> str:
     """A private containerd 2.x config (version 3) with the CRI settings of the suites:
     ``restrict_oom_score_adj`` (no CAP_SYS_RESOURCE here), no AppArmor, runc with cgroupfs and
     its own state root, an empty CNI folder (host-network pods only), CDI on (containerd 2.x's
     default) with the fake node's CDI folder, where gpuhook's spec is, instead of /etc/cdi and
-    /var/run/cdi; NRI's socket under ``root``."""
+    /var/run/cdi (and ``more_cdi_dirs``: a device plugin's, where it writes its own spec); NRI's
+    socket under ``root``."""
+    cdi_dirs = ", ".join(f"'{d}'" for d in (cdi_dir, *more_cdi_dirs))
     for sub in ("cni", "nri/plugins", "nri/conf.d"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     return f"""version = 3
@@ -107,7 +112,7 @@ imports = []
     restrict_oom_score_adj = true
     disable_apparmor = true
     enable_cdi = true
-    cdi_spec_dirs = ['{cdi_dir}']
+    cdi_spec_dirs = [{cdi_dirs}]
 
     [plugins.'io.containerd.cri.v1.runtime'.containerd]
       default_runtime_name = 'runc'

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid as uuidlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -55,14 +55,17 @@ def cri_config(root: Path) -> str:
 ENGINES = ("containerd-1.6", f"containerd-{containerd2.VERSION}")
 
 
-def private_config(root: Path, bin_dir: Path | None, node_config: Path) -> str:
+def private_config(
+    root: Path, bin_dir: Path | None, node_config: Path, plugin_cdi: Sequence[str] = ()
+) -> str:
     """The suites' config of Debian's containerd 1.6 (``bin_dir`` None) or of containerd 2.x,
     which resolves CDI devices itself from the fake node's CDI folder (``node_config``'s
-    cdi.spec_dirs, where gpuhook's spec is)."""
+    cdi.spec_dirs, where gpuhook's spec is) and from ``plugin_cdi``, the folders where device
+    plugins write their own specs (a real node's /var/run/cdi)."""
     if bin_dir is None:
         return cri_config(root)
     [cdi_dir] = yaml.safe_load(node_config.read_text())["cdi"]["spec_dirs"]
-    return containerd2.cri_config(root, PAUSE, runc_root(root).parent, cdi_dir)
+    return containerd2.cri_config(root, PAUSE, runc_root(root).parent, cdi_dir, plugin_cdi)
 
 
 def register(config: Path, bin_dir: Path | None, runtime: str) -> list[str]:

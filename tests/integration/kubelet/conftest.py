@@ -71,6 +71,9 @@ class Cluster:
         self.kubelet: Kubelet | None = None
         self.cri: cri_client.CriClient | None = None
         self.plugins: dict[str, Plugin] = {}
+        # A device plugin's /var/run/cdi (NVIDIA's writes its spec there): on containerd 2.x's
+        # CDI spec dirs, as a real node's /var/run/cdi is, and nowhere on the host's.
+        self.plugin_cdi = root / "plugin-cdi"
 
     def uuid(self, index: int) -> str:
         return str(self.node.truth["gpus"][index]["uuid"])
@@ -217,7 +220,8 @@ def start(cluster: Cluster, binary: Path, rootfs: str, scratch: Path, bin_dir: P
     root = cluster.root
     write_config(cluster)
     config = root / "config.toml"
-    config.write_text(private_config(root, bin_dir, cluster.node.config))
+    cluster.plugin_cdi.mkdir()
+    config.write_text(private_config(root, bin_dir, cluster.node.config, [str(cluster.plugin_cdi)]))
     out = cluster.node.gpuhook(*register(config, bin_dir, testbed.RUNTIME))
     assert out.returncode == 0, out.stderr
     env = engines.daemon_env(str(cluster.config))
@@ -295,10 +299,20 @@ def exclusive(binary: Path) -> Iterator[None]:
         yield
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "engines(*names): the containerds of ENGINES a kubelet test runs on (all)"
+    )
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every test of a module runs under a kubelet on containerd 1.6, then on containerd 2.x."""
+    """Every test of a module runs under a kubelet on containerd 1.6, then on containerd 2.x;
+    a test marked ``engines(...)`` on those it names (what needs CDI: containerd 2.x)."""
     if "cluster" in metafunc.fixturenames:
-        metafunc.parametrize("cluster", ENGINES, indirect=True, scope="module")
+        marker = metafunc.definition.get_closest_marker("engines")
+        names = marker.args if marker else ENGINES
+        assert set(names) <= set(ENGINES), names
+        metafunc.parametrize("cluster", names, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,10 @@ tools/fakenode/fake_nvml_plugin.c: event sets, topology; fake_nvml_mig.c: the MI
 and the node's device nodes. It serves
 ``nvidia.com/gpu`` on the hard-coded ``/var/lib/kubelet/device-plugins/nvidia-gpu.sock`` (one
 plugin at a time) and, in the CDI strategies, writes its CDI spec to the hard-coded
-``/var/run/cdi``: it runs in a private mount namespace whose ``/run`` is a private tmpfs, so that
-spec never reaches the host. Started and stopped by its pid (SIGTERM removes its socket).
+``/var/run/cdi``: it runs in a private mount namespace whose ``/run`` is a private tmpfs with the
+suite's folder for it bound on ``/run/cdi`` (the folder containerd 2.x reads CDI specs from, as a
+real node's containerd reads the plugin's spec from /var/run/cdi), so that spec never reaches the
+host's. Started and stopped by its pid (SIGTERM removes its socket; its spec is removed after).
 """
 
 from __future__ import annotations
@@ -30,15 +32,16 @@ RESOURCE = "nvidia.com/gpu"
 REGISTERED = f"Registered device plugin for '{RESOURCE}' with Kubelet"  # its log line
 SOCKET = deviceplugin.PLUGIN_DIR / "nvidia-gpu.sock"
 DRIVER_LINKS = ("usr", "etc", "lib", "proc", "sys")
-# The plugin's own mount namespace: /run (and so /var/run/cdi) a private tmpfs; the node's
+# The plugin's own mount namespace: /run a private tmpfs, /run/cdi (/var/run/cdi) the suite's
+# folder for its CDI spec; the node's
 # /proc/driver (nvidia-caps/mig-minors, nvidia/capabilities: MIG devices' caps minors) and
 # /proc/devices (the nvidia-caps major), which it reads at hard-coded host paths; then the plugin.
-# $1: the node's driver root.
+# $1: the node's driver root, $2: the CDI folder.
 PRIVATE_RUN = (
-    "mount -t tmpfs -o mode=755 tmpfs /run && mkdir /run/cdi"
+    'mount -t tmpfs -o mode=755 tmpfs /run && mkdir /run/cdi && mount --bind "$2" /run/cdi'
     ' && mount --bind "$1/proc/driver" /proc/driver'
     ' && mount --bind "$1/proc/devices" /proc/devices'
-    ' && shift && exec "$0" "$@"'
+    ' && shift 2 && exec "$0" "$@"'
 )
 
 
@@ -67,7 +70,7 @@ def driver_root(node_root: Path, folder: Path) -> Path:
 
 class NvidiaPlugin:
     """One run of NVIDIA's plugin with a device list strategy, an id strategy and, for
-    time-slicing, ``replicas`` of each GPU."""
+    time-slicing, ``replicas`` of each GPU; its CDI spec goes to ``cdi_dir``."""
 
     def __init__(
         self,
@@ -78,7 +81,10 @@ class NvidiaPlugin:
         id_strategy: str = "uuid",
         replicas: int = 0,
         mig_strategy: str = "none",
+        *,
+        cdi_dir: Path,
     ) -> None:
+        self.cdi_dir = cdi_dir
         self.program = program
         self.node_root = node_root
         self.folder = folder
@@ -103,7 +109,12 @@ class NvidiaPlugin:
             "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
             "NODE_NAME": "gpuhook-node",
             "CONTAINER_DRIVER_ROOT": str(driver_root(self.node_root, self.folder)),
-            "NVIDIA_DRIVER_ROOT": str(self.node_root / "driver"),
+            # The host's driver root: its CDI spec's host paths (device nodes, driver files)
+            # are under it, so that folder of links, whose dev/ is the node's dev root.
+            "NVIDIA_DRIVER_ROOT": str(driver_root(self.node_root, self.folder)),
+            # The program of its spec's createContainer hooks (library links, CUDA compat:
+            # nothing of which GPUs a container sees); the node has no nvidia-ctk.
+            "NVIDIA_CTK_PATH": "/bin/true",
             "DEVICE_LIST_STRATEGY": self.strategy,
             "DEVICE_ID_STRATEGY": self.id_strategy,
             "CONFIG_FILE": str(self.config()),
@@ -112,7 +123,8 @@ class NvidiaPlugin:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 ["unshare", "--mount", "--propagation", "private",
-                 "sh", "-c", PRIVATE_RUN, str(self.program), str(self.node_root / "driver")],
+                 "sh", "-c", PRIVATE_RUN, str(self.program), str(self.node_root / "driver"),
+                 str(self.cdi_dir)],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
 
@@ -136,6 +148,8 @@ class NvidiaPlugin:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(20)
         self.proc = None
+        for spec in self.cdi_dir.iterdir():  # its spec: the next run writes its own
+            spec.unlink()
         deadline = time.monotonic() + 20
         while SOCKET.exists() and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.integration.cri.daemon import IMAGE
+from tests.integration.cri.daemon import ENGINES, IMAGE
 from tests.integration.kubelet import nvidia
 from tests.integration.kubelet.conftest import CHECKPOINT, Cluster
 from tests.integration.kubelet.kubelet import Container, Pod
@@ -43,9 +43,15 @@ def plugin_run(cluster: Cluster, program: Path, tmp_path: Path) -> Iterator[Any]
     def start(
         strategy: str, id_strategy: str = "uuid", replicas: int = 0, mig: str = "none"
     ) -> None:
+        if cdi_engine(cluster, strategy):
+            # containerd 2.x resolves the plugin's CDI names from its spec, which under
+            # migStrategy none has no entry for a GPU in MIG mode (only its MIG devices):
+            # a pod given GPU 6 or 7 would fail ("unresolvable CDI devices").
+            mig = "mixed"
         plugin = nvidia.NvidiaPlugin(
-            program, cluster.node.root, tmp_path, strategy, id_strategy, replicas, mig
-        )
+            program, cluster.node.root, tmp_path, strategy, id_strategy, replicas, mig,
+            cdi_dir=cluster.plugin_cdi,
+        )  # fmt: skip
         started.append(plugin)
         plugin.start()
         gpus = cluster.node.truth["gpus"]
@@ -58,6 +64,19 @@ def plugin_run(cluster: Cluster, program: Path, tmp_path: Path) -> Iterator[Any]
         finally:
             for plugin in started:
                 plugin.stop()
+
+
+def nodes(cluster: Cluster, strategy: str, *indices: int) -> list[str]:
+    """The device nodes a pod given GPUs ``indices`` sees: gpuhook's, and on containerd 2.x in
+    the CDI strategies the common nodes of NVIDIA's spec, which containerd injects too
+    (``/dev/nvidia-modeset`` besides the control nodes gpuhook gives)."""
+    common = ["/dev/nvidia-modeset"] if cdi_engine(cluster, strategy) else []
+    return sorted(gpus(*indices) + common)
+
+
+def cdi_engine(cluster: Cluster, strategy: str) -> bool:
+    """Whether the engine resolves the plugin's CDI names itself (containerd 2.x)."""
+    return strategy.startswith("cdi") and cluster.engine != ENGINES[0]
 
 
 def entry(cluster: Cluster, pod: Pod) -> dict[str, Any]:
@@ -108,9 +127,15 @@ def test_each_strategy_gives_exactly_the_allocated_gpus(
         allocated = entry(cluster, pod)
         explained = rows(cluster.explain(pod))
         explained_bare = rows(cluster.explain(bare))
+        records = cluster.records(pod)
     indices = sorted(index_of(cluster, i) for i in allocated["ids"])
     record_answer(cluster, f"{strategy}/{ids}", allocated)
-    assert seen["dev"] == gpus(*indices)
+    if cdi_engine(cluster, strategy):  # containerd injected them too: granted once, not refused
+        (main,) = [r for r in records if r["kubernetes"]["container_name"] == "main"]
+        engine = [r for r in main["decision"]["reasons"] if r["channel"] == "engine-cdi"]
+        assert sorted(r["value"] for r in engine) == [f"/dev/nvidia{i}" for i in indices]
+        assert all("injected by the engine, is what" in r["why"] for r in engine), engine
+    assert seen["dev"] == nodes(cluster, strategy, *indices)
     assert sorted(seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(
         cluster.uuid(i) for i in indices
     )
@@ -162,8 +187,44 @@ def test_cdi_annotations_alone_give_an_image_without_env_its_gpus(
         allocated = entry(cluster, pod)
         explained = rows(cluster.explain(pod))
     indices = sorted(index_of(cluster, i) for i in allocated["ids"])
-    assert len(indices) == 2 and seen["dev"] == gpus(*indices)
+    assert len(indices) == 2 and seen["dev"] == nodes(cluster, "cdi-annotations", *indices)
     assert explained["main"]["GOT"] == "granted " + ",".join(map(str, indices))
+
+
+@pytest.mark.engines(ENGINES[1])  # containerd 1.6 has no CDI: the kubelet's CDIDevices go nowhere
+def test_cdi_cri_gives_exactly_the_allocated_gpus(cluster: Cluster, plugin_run: Any) -> None:
+    """deviceListStrategy cdi-cri: the plugin answers CDI names in the CRI ``CDIDevices`` field
+    alone (no env, no annotation); containerd 2.x injects the GPUs from the plugin's spec and
+    gpuhook verifies those nodes against the kubelet's checkpoint (channel engine-cdi)."""
+    plugin_run("cdi-cri")
+    pod = Pod("nv-cdi-cri", (Container(gpus={nvidia.RESOURCE: 2}),))
+    bare = Pod("nv-cdi-cri-none", (Container(),))
+    with cluster.running(pod, bare):
+        seen = cluster.k.probe(pod)
+        seen_bare = cluster.k.probe(bare)
+        allocated = entry(cluster, pod)
+        explained = rows(cluster.explain(pod))
+        explained_bare = rows(cluster.explain(bare))
+    indices = sorted(index_of(cluster, i) for i in allocated["ids"])
+    record_answer(cluster, "cdi-cri/uuid", allocated)
+    answer = allocated["answer"]
+    assert sorted(d.name for d in answer.cdi_devices) == sorted(
+        f"k8s.device-plugin.nvidia.com/gpu={i}" for i in allocated["ids"]
+    )
+    assert not answer.envs and not answer.annotations
+    assert len(indices) == 2 and seen["dev"] == nodes(cluster, "cdi-cri", *indices)
+    assert sorted(seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(
+        cluster.uuid(i) for i in indices
+    )
+    channel, _, injected = explained["main"]["ASKED"].partition(" ")  # in containerd's order
+    assert channel == "engine-cdi", explained["main"]
+    assert sorted(injected.split(",")) == [f"/dev/nvidia{i}" for i in indices]
+    assert explained["main"]["GOT"] == "granted " + ",".join(map(str, indices))
+    why = explained["main"]["WHY"]
+    assert any(why.startswith(f"GPU {i} ({cluster.uuid(i)}), injected by") for i in indices), why
+    assert seen_bare["dev"] == [] and seen_bare["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert explained_bare["main"]["GOT"] == "refused"
+    assert "no GPU resource is allocated" in explained_bare["main"]["WHY"]
 
 
 def test_time_sliced_replicas_of_nvidias_plugin(cluster: Cluster, plugin_run: Any) -> None:
