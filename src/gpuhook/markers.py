@@ -14,6 +14,10 @@ PRECHECK_MARKERS = (
     b"nvidia-container-devices",
     b"nvidia-container-runtime-hook",
     b"nvidia-container-toolkit",  # the legacy hooks.d hook: `nvidia-container-toolkit prestart`
+    # an NVIDIA device node the engine injected (a CDI spec, --device), by its major: as Go's
+    # encoding/json writes config.json (every engine), and indented
+    b'"major":195',
+    b'"major": 195',
 )
 UNICODE_ESCAPE = b"\\u"
 

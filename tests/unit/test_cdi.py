@@ -243,14 +243,20 @@ def test_a_device_the_engine_did_not_inject_is_added_alone() -> None:
 
 
 def test_the_record_lists_only_what_apply_added() -> None:
-    """A node already at /dev/nvidia2 with other numbers (an engine's --device mapping) stays as
-    the spec has it; the record neither claims gpuhook added /dev/nvidia2 nor that the engine
-    injected GPU 2."""
+    """A node already at /dev/nvidia2 with other numbers (an engine's --device mapping of GPU 5)
+    stays as the spec has it; the record neither claims gpuhook added /dev/nvidia2 nor that the
+    engine injected GPU 2: it says the engine injected GPU 5 (found by its device number)."""
     marker = {"destination": MARKERS + f.gpu_uuid(2), "type": "bind", "source": "/dev/null"}
     other = {"path": "/dev/nvidia2", "type": "c", "major": 195, "minor": 5}
     spec = _engine_applied(f.spec(mounts=[marker]), "1")
     spec["linux"]["devices"].append(other)
     out = _run(spec)
-    assert out.edits.engine_injected == (f.gpu_uuid(1),)
+    assert out.edits.engine_injected == (f.gpu_uuid(1), f.gpu_uuid(5))
+    engine = [r for r in out.decision.reasons if r.channel == "engine-cdi"]
+    assert [(r.value, r.verdict) for r in engine] == [
+        ("/dev/nvidia1", "granted"),
+        ("/dev/nvidia2", "granted"),
+    ]
+    assert "GPU 5" in engine[1].why and "non-Kubernetes" in engine[1].why
     assert "/dev/nvidia2" not in [n.path for n in out.edits.device_nodes]
     assert [d for d in out.spec["linux"]["devices"] if d["path"] == "/dev/nvidia2"] == [other]

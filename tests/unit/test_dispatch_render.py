@@ -29,7 +29,8 @@ def test_the_sh_template_renders_to_valid_sh(tmp_path: Path) -> None:
 def test_the_runtime_dispatcher_carries_the_tables() -> None:
     text = dispatch.render_c((REPO / "packaging" / "gpuhook-runtime.c.in").read_text())
     for marker in (*markers.PRECHECK_MARKERS, markers.UNICODE_ESCAPE):
-        assert '"' + marker.decode().replace("\\", "\\\\") + '"' in text
+        escaped = marker.decode().replace("\\", "\\\\").replace('"', '\\"')
+        assert '"' + escaped + '"' in text
     for scope, table in [("g", runc_argv.GLOBAL_FLAGS), *runc_argv.COMMAND_FLAGS.items()]:
         for flag in table:
             assert f'"{scope}:{flag}"' in text, (scope, flag)

@@ -80,7 +80,7 @@ def test_cdi_names_of_another_kind_are_reason_lines_not_a_request() -> None:
         )
     )
     assert [(c.source, c.ids) for c in both.channels] == [
-        ("annotation cdi.k8s.io/gpu", ("nvidia.com/gpu=GPU-1",))
+        ("annotation cdi.k8s.io/gpu", ("GPU-1",))  # the device names of the GPU kinds
     ]
 
 

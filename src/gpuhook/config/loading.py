@@ -13,6 +13,7 @@ import os
 from gpuhook import __version__
 from gpuhook.config import cache
 from gpuhook.config.types import (
+    CDI_KINDS_DEFAULT,
     DEFAULT_PATH,
     ENV_CONFIG,
     GPU_RESOURCES_DEFAULT,
@@ -54,7 +55,9 @@ DEFAULTS: dict[str, Any] = {
             "kubelet_dir": KUBELET_DIR_DEFAULT,
             "checkpoint": "",
             "gpu_resources": list(GPU_RESOURCES_DEFAULT),
+            "engine_devices": "verify",
         },
+        "cdi_kinds": list(CDI_KINDS_DEFAULT),
         "standalone": {"env_requests": "trust"},
     },
     "mps": {

@@ -26,6 +26,18 @@ CHECKPOINT_IN_KUBELET_DIR = "device-plugins/kubelet_internal_checkpoint"
 # profiles. A name ending in "*" matches every name it begins. Other resources of the checkpoint
 # (nvidia.com/rdma_shared_device_a, say) are never GPUs.
 GPU_RESOURCES_DEFAULT = ("nvidia.com/gpu", "nvidia.com/gpu.*", "nvidia.com/mig-*")
+# The CDI kinds (vendor/class) whose devices are GPUs: gpuhook's and NVIDIA's toolkit's
+# (nvidia.com), and NVIDIA's device plugin's (k8s.device-plugin.nvidia.com, its cdi-annotations
+# and cdi-cri strategies), each with its MIG class. Other kinds are left to their CDI handler.
+CDI_KINDS_DEFAULT = (
+    "nvidia.com/gpu",
+    "nvidia.com/mig",
+    "k8s.device-plugin.nvidia.com/gpu",
+    "k8s.device-plugin.nvidia.com/mig",
+)
+# GPU device nodes the engine injected (from a CDI spec) into an unprivileged Kubernetes
+# container that no allocation covers: refuse the create (verify) or record them (allow).
+ENGINE_DEVICES = ("verify", "allow")
 
 
 class PolicyConfig(Frozen):
@@ -37,6 +49,8 @@ class PolicyConfig(Frozen):
     standalone_env_requests: str
     kubelet_dir: str
     gpu_resources: tuple[str, ...]
+    cdi_kinds: tuple[str, ...]
+    engine_devices: str
 
     def __init__(
         self,
@@ -45,6 +59,8 @@ class PolicyConfig(Frozen):
         standalone_env_requests: str,
         kubelet_dir: str = KUBELET_DIR_DEFAULT,
         gpu_resources: tuple[str, ...] = GPU_RESOURCES_DEFAULT,
+        cdi_kinds: tuple[str, ...] = CDI_KINDS_DEFAULT,
+        engine_devices: str = "verify",
     ) -> None:
         _init(
             self,
@@ -53,6 +69,8 @@ class PolicyConfig(Frozen):
             standalone_env_requests=standalone_env_requests,
             kubelet_dir=kubelet_dir,
             gpu_resources=tuple(gpu_resources),
+            cdi_kinds=tuple(cdi_kinds),
+            engine_devices=engine_devices,
         )
 
     def is_gpu_resource(self, name: str) -> bool:
@@ -178,6 +196,8 @@ class Config(Frozen):
                 pol["standalone"]["env_requests"],
                 pol["kubernetes"]["kubelet_dir"],
                 tuple(pol["kubernetes"]["gpu_resources"]),
+                tuple(pol["cdi_kinds"]),
+                pol["kubernetes"]["engine_devices"],
             ),
             mps=MpsConfig(data["mps"]),
             cache_dir_env=os.environ.get(ENV_CACHE_DIR, ""),

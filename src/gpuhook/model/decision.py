@@ -19,6 +19,9 @@ CHANNEL_CDI = "cdi-annotation"
 CHANNEL_MOUNT = "mount-marker"
 CHANNEL_DOCKER = "docker-gpus"
 CHANNEL_ENV = "env"
+# Not a request channel: GPU device nodes the engine itself injected (from a CDI spec) before
+# gpuhook-runtime ran, found by device number (:mod:`gpuhook.pipeline.engine`).
+CHANNEL_ENGINE = "engine-cdi"
 
 
 class KubeIdentity(Frozen):
@@ -95,6 +98,9 @@ class Request(Frozen):
     problems: tuple[str, ...] = ()  # malformed parts of the request, one line each
     # looks like a request but is none (a CDI name of another kind)
     ignored: tuple[Reason, ...] = ()
+    # the spec's character devices (path, major, minor) when one is an NVIDIA GPU node (the
+    # engine injected it), else empty
+    engine_devices: tuple[tuple[str, int, int], ...] = ()
 
     def annotation(self, key: str) -> str | None:
         for k, v in self.annotations:
@@ -110,6 +116,10 @@ class Request(Frozen):
             "kubernetes": self.kubernetes.to_dict() if self.kubernetes else None,
             "annotations": dict(self.annotations),
             "problems": list(self.problems),
+            "engine_devices": [
+                {"path": p, "major": major, "minor": minor}
+                for p, major, minor in self.engine_devices
+            ],
         }
 
     @classmethod
@@ -126,6 +136,10 @@ class Request(Frozen):
             KubeIdentity.from_dict(kube) if kube is not None else None,
             tuple(annotations.items()),
             _strs(d, "problems"),
+            engine_devices=tuple(
+                (_get(e, "path", str), _get(e, "major", int), _get(e, "minor", int))
+                for e in _objs(d, "engine_devices")
+            ),
         )
 
 

@@ -43,6 +43,16 @@ def is_uuid(device_id: str) -> bool:
     return device_id[:4].lower() in ("gpu-", "mig-")
 
 
+def is_device_id(device_id: str) -> bool:
+    """Whether an id has the form of a device plugin's device id: a GPU or MIG UUID
+    (deviceIDStrategy ``uuid``), a GPU index or a MIG device's ``<gpu index>:<mig index>``
+    (deviceIDStrategy ``index``; NVIDIA's plugin numbers a GPU's MIG devices as NVML does)."""
+    if is_uuid(device_id) or _is_index(device_id):
+        return True
+    gpu, colon, mig = device_id.partition(":")
+    return bool(colon) and _is_index(gpu) and _is_index(mig)
+
+
 def resolve_one(device_id: str, inventory: Inventory) -> tuple[DeviceRef, ...]:
     """Resolve one id; ``all`` gives every GPU. Raises :class:`UnknownDevice`."""
     name = strip_cdi(device_id)

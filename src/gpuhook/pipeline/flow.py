@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gpuhook.errors import CheckpointError, MpsError, RequestError
 from gpuhook.model.frozen import Frozen
-from gpuhook.pipeline import apply, identity, inject, policy, request
+from gpuhook.pipeline import apply, engine, identity, inject, policy, request
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gpuhook.model.edits import ContainerEdits
     from gpuhook.model.inventory import Inventory
     from gpuhook.pipeline.compat import CompatChoice, CompatLibrary
+    from gpuhook.pipeline.engine import AllocationSource
     from gpuhook.pipeline.identity import Client
     from gpuhook.pipeline.kubelet import Allocation
     from gpuhook.pipeline.sharing import MpsPlan
@@ -56,6 +57,7 @@ def run(
     rootfs: str = "",
     parsed: Request | None = None,
     compat_source: CompatSource | None = None,
+    allocation_sources: tuple[AllocationSource, ...] = (),
 ) -> Outcome:
     """Decide and compute the new spec. Raises GpuhookError subclasses with one-line messages.
 
@@ -66,14 +68,13 @@ def run(
     :mod:`gpuhook.mps.admission`). ``rootfs``: the container's absolute rootfs when known.
     ``parsed``: the caller's ``request.parse(spec, config.policy.kubelet_dir)``, when it has it.
     ``compat_source``: the CUDA forward compatibility libcuda the image at ``rootfs`` ships, asked
-    only for a compute grant of GPUs with ``inject.cuda_compat`` on.
-    """
-    req = parsed or request.parse(spec, config.policy.kubelet_dir)
+    only for a compute grant of GPUs with ``inject.cuda_compat`` on. ``allocation_sources``:
+    allocations besides the checkpoint (DRA's), to verify GPUs the engine injected."""
+    req = parsed or request.parse(spec, config.policy.kubelet_dir, config.policy.cdi_kinds)
     inventory = _Memo(inventory_source, config)
     allocation, allocation_error = _allocation(req, config, checkpoint_source)
-    decision = policy.decide(
-        req, config.policy, config.default_capabilities, inventory, allocation, allocation_error
-    )
+    found = (allocation, allocation_error)
+    decision = _decide(req, config, inventory, found, allocation_sources)
     mps_plan: MpsPlan | None = None
     if config.mps.enabled and decision.devices:
         client = identity.client_of(spec)
@@ -144,13 +145,53 @@ class _Memo:
         return self.loaded
 
 
+def _decide(
+    req: Request,
+    config: Config,
+    inventory: _Memo,
+    checkpoint: tuple[Allocation | None, str],
+    sources: tuple[AllocationSource, ...],
+) -> Decision:
+    """The policy's decision, then the GPUs the engine injected (:mod:`gpuhook.pipeline.engine`)."""
+    decided = policy.decide(req, config.policy, config.default_capabilities, inventory, *checkpoint)
+    return _engine(decided, req, config, inventory, checkpoint, sources)
+
+
+def _engine(
+    decision: Decision,
+    req: Request,
+    config: Config,
+    inventory: _Memo,
+    checkpoint: tuple[Allocation | None, str],
+    sources: tuple[AllocationSource, ...],
+) -> Decision:
+    """The decision with the GPUs the engine injected, verified against every allocation
+    source: the kubelet checkpoint first, then ``sources``."""
+    if not req.engine_devices:
+        return decision
+    allocated: tuple[engine.Allocated, ...] = ()
+    if engine.needs_allocation(req) and req.kubernetes is not None:
+        kube = req.kubernetes
+        first = engine.from_checkpoint(*checkpoint, config.policy)
+        allocated = (first, *(source(kube) for source in sources))
+
+    def capabilities() -> tuple[str, ...]:
+        try:
+            return policy.parse_capabilities(req.driver_capabilities, config.default_capabilities)
+        except RequestError:  # the engine's devices are kept whatever the image's env says
+            return config.default_capabilities
+
+    return engine.reconcile(decision, req, config.policy, inventory, allocated, capabilities)
+
+
 def _allocation(
     req: Request, config: Config, checkpoint_source: CheckpointSource
 ) -> tuple[Allocation | None, str]:
-    """The checkpoint's allocation to the container when the policy needs it, or why it could
-    not be read."""
+    """The checkpoint's allocation to the container when the policy needs it (a request to
+    verify, or GPUs the engine injected), or why it could not be read."""
     kube = req.kubernetes
-    if kube is None or not policy.needs_allocation(req, config.policy):
+    wanted = policy.needs_allocation(req, config.policy) or engine.needs_allocation(req)
+    if kube is None or not wanted:
         return None, ""
     try:
         return checkpoint_source(config.policy.checkpoint, kube.pod_uid, kube.container_name), ""

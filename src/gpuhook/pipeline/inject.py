@@ -68,8 +68,9 @@ def edits_for(
     """The edits for a decision. ``inventory`` may be None when nothing is injected. ``mps``:
     the MPS plan of a container granted MPS-shared GPUs (pipe directory, env, shm). ``rootfs``:
     the container's absolute rootfs, given to the ld.so.cache hook when known. ``spec``: the
-    container's spec; what the engine already put there (from gpuhook's CDI spec) is not added
-    a second time, and the granted devices whose nodes it holds are named in ``engine_injected``.
+    container's spec; what the engine already put there (from a CDI spec: a device node at its
+    path or with its device number) is not added a second time, and the granted devices whose
+    nodes it holds are named in ``engine_injected``.
     ``nvidia_hooks``: NVIDIA's prestart hooks in the spec, removed whatever the decision.
     ``compat``: the CUDA forward compatibility decision for the image (its folder goes first)."""
     visible = visible_value(decision)
@@ -179,12 +180,13 @@ def without_present(
     spec: Mapping[str, Any],
 ) -> ContainerEdits:
     """``edits`` less what the spec already holds, by apply's own rules (a device node path, a
-    mount destination; gpuhook's ld.so.cache hook), with ``engine_injected``: the granted
-    devices whose nodes are all there, major and minor included. Raises
+    mount destination; gpuhook's ld.so.cache hook; a device node's number), with
+    ``engine_injected``: the granted devices whose nodes' numbers are all there. Raises
     :class:`MissingDevice` as :func:`granted_nodes` does."""
     from gpuhook.pipeline.apply import device_paths, taken_destinations
 
     present = _spec_nodes(spec)
+    numbers = {(major, minor) for _, major, minor in present}
     linux = spec.get("linux")
     paths = device_paths(linux.get("devices") if isinstance(linux, dict) else None)
     taken = taken_destinations(spec.get("mounts"), edits)
@@ -193,11 +195,15 @@ def without_present(
     injected = tuple(
         ref.uuid
         for ref in decision.devices
-        if all(_key(n) in present for n in _ref_nodes(ref, by_index, config))
+        if all((n.major, n.minor) in numbers for n in _ref_nodes(ref, by_index, config))
     )
     return ContainerEdits(
         env=edits.env,
-        device_nodes=tuple(n for n in edits.device_nodes if n.path not in paths),
+        device_nodes=tuple(  # a node the engine put at another path is not injected twice
+            n
+            for n in edits.device_nodes
+            if n.path not in paths and (n.major, n.minor) not in numbers
+        ),
         mounts=tuple(m for m in edits.mounts if m.container_path not in taken),
         hooks=tuple(h for h in edits.hooks if not (has_hook and _is_ldcache_hook(h.args))),
         remove_hooks=edits.remove_hooks,
@@ -205,10 +211,6 @@ def without_present(
         engine_injected=injected,
         notes=edits.notes,
     )
-
-
-def _key(node: DeviceNode) -> tuple[str, int, int]:
-    return (node.path, node.major, node.minor)
 
 
 def _spec_nodes(spec: Mapping[str, Any]) -> set[tuple[Any, Any, Any]]:

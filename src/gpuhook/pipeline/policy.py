@@ -170,7 +170,7 @@ def _verified(
 ) -> Trust:
     """Trust limited to the checkpoint's allocation of GPU resources to this container (refused
     without one). The container's other resources (RDMA devices, say) are never GPUs."""
-    who = _who(kube)
+    container = who(kube)
     prefix = f"{what} of an unprivileged Kubernetes container: " if what else ""
     if checkpoint.error:
         return Trust(
@@ -182,13 +182,14 @@ def _verified(
     note = f"not GPU resources (policy.kubernetes.gpu_resources), not counted: {others}"
     ids = tuple(dict.fromkeys(i for _, resource_ids in gpu for i in resource_ids))
     if not ids:
-        why = f"{prefix}no GPU resource is allocated to {who} in the kubelet checkpoint"
+        why = f"{prefix}no GPU resource is allocated to {container} in the kubelet checkpoint"
         return Trust(False, why + (f" ({note})" if others else ""))
-    why = f"verified against the kubelet checkpoint: allocated to {who}"
+    why = f"verified against the kubelet checkpoint: allocated to {container}"
     return Trust(True, why, ids, note if others else "", gpu)
 
 
-def _who(kube: KubeIdentity | None) -> str:
+def who(kube: KubeIdentity | None) -> str:
+    """The container as reasons name it: its pod, pod UID and container name."""
     if kube is None:
         return "this container"
     pod = f"pod {kube.namespace}/{kube.pod_name} " if kube.pod_name else "pod "
@@ -263,7 +264,7 @@ def decide(
             channel=chosen.channel,
             reasons=(reason, *others),
         )
-    return _grant(chosen, trust, inventory(), capabilities, others, _who(request.kubernetes))
+    return _grant(chosen, trust, inventory(), capabilities, others, who(request.kubernetes))
 
 
 def no_request(why: str = "", ignored: tuple[Reason, ...] = ()) -> Decision:
@@ -340,17 +341,19 @@ def _check_allocated(
     allocated: tuple[tuple[str, tuple[str, ...]], ...], inv: Inventory, who: str
 ) -> None:
     """Every device id the kubelet allocated to the container is one of this node's GPU or MIG
-    UUIDs (or a time-slicing replica of one, ``<uuid>::<n>``); else the create fails."""
+    devices, by UUID or by index (the device plugin's deviceIDStrategy ``uuid`` or ``index``:
+    ``1``, ``<gpu>:<mig>``), or a time-slicing replica of one (``<id>::<n>``); else the create
+    fails."""
     from gpuhook.pipeline import devices
 
     for resource, ids in allocated:
         for device_id in ids:
             name = device_id.partition("::")[0]
-            if not devices.is_uuid(name):
+            if not devices.is_device_id(name):
                 raise RequestError(
                     f"the kubelet allocated {device_id!r} ({resource}) to {who}, which is not a "
-                    "GPU or MIG UUID: gpuhook takes the device plugin's UUID device ids (its "
-                    "default deviceIDStrategy, uuid)"
+                    "GPU or MIG id: gpuhook takes the device plugin's UUID or index device ids "
+                    "(deviceIDStrategy uuid or index)"
                 )
             try:
                 devices.resolve_one(name, inv)

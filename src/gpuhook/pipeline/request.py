@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from gpuhook.config.types import KUBELET_DIR_DEFAULT
+from gpuhook.config.types import CDI_KINDS_DEFAULT, KUBELET_DIR_DEFAULT
 from gpuhook.errors import SpecError
 from gpuhook.model.decision import (
     CHANNEL_CDI,
@@ -22,8 +22,7 @@ from gpuhook.model.decision import (
     Reason,
     Request,
 )
-from gpuhook.pipeline import gofields, identity
-from gpuhook.pipeline.devices import strip_cdi
+from gpuhook.pipeline import engine, gofields, identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -53,9 +52,14 @@ MAX_DEVICE_IDS = 256
 PRIVILEGED_CAPS = ("CAP_SYS_ADMIN", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_NET_ADMIN")
 
 
-def parse(spec: Any, kubelet_dir: str = KUBELET_DIR_DEFAULT) -> Request:
+def parse(
+    spec: Any,
+    kubelet_dir: str = KUBELET_DIR_DEFAULT,
+    cdi_kinds: tuple[str, ...] = CDI_KINDS_DEFAULT,
+) -> Request:
     """What ``spec`` asks for. ``kubelet_dir``: where the kubelet's per-pod mounts come from
-    (they identify the Kubernetes containers of engines that write no identity annotation)."""
+    (they identify the Kubernetes containers of engines that write no identity annotation);
+    ``cdi_kinds``: the CDI kinds whose devices are GPUs (``policy.cdi_kinds``)."""
     if not isinstance(spec, dict):
         raise SpecError("config.json: the top level is not a JSON object")
     gofields.check(spec)
@@ -63,7 +67,7 @@ def parse(spec: Any, kubelet_dir: str = KUBELET_DIR_DEFAULT) -> Request:
     process = spec["process"] if isinstance(spec.get("process"), dict) else {}
     env = _env(process.get("env"))
     kube = identity.identify(annotations, spec.get("mounts"), kubelet_dir)
-    cdi, ignored = _cdi_channel(annotations)
+    cdi, ignored = _cdi_channel(annotations, cdi_kinds)
     found = (
         cdi,
         _marker_channel(spec.get("mounts")),
@@ -82,6 +86,7 @@ def parse(spec: Any, kubelet_dir: str = KUBELET_DIR_DEFAULT) -> Request:
         ),
         problems=tuple(c.problem for c in channels if c.problem),
         ignored=ignored,
+        engine_devices=engine.spec_devices(spec),
     )
 
 
@@ -99,23 +104,26 @@ def nvidia_hooks(spec: dict[str, Any]) -> tuple[str, ...]:
     return tuple(name for name in NVIDIA_HOOKS if name in found)
 
 
-def _cdi_channel(annotations: dict[str, str]) -> tuple[ChannelRequest | None, tuple[Reason, ...]]:
-    """All ``cdi.k8s.io/*`` annotations naming GPUs (kind ``nvidia.com/gpu`` or ``nvidia.com/mig``),
-    as one request (one annotation per device-plugin Allocate response: a container with two GPU
-    resources has two). CDI devices of other kinds (the RDMA plugin's ``nvidia.com/net-rdma=...``,
-    another vendor's) are left to their CDI handler: a reason line each, no request, so that the
-    container's other channels decide."""
+def _cdi_channel(
+    annotations: dict[str, str], kinds: tuple[str, ...]
+) -> tuple[ChannelRequest | None, tuple[Reason, ...]]:
+    """All ``cdi.k8s.io/*`` annotations naming GPUs (a kind of ``kinds``: ``nvidia.com/gpu``,
+    NVIDIA's device plugin's ``k8s.device-plugin.nvidia.com/gpu``, ...), as one request (one
+    annotation per device-plugin Allocate response: a container with two GPU resources has two);
+    its ids are the device names. CDI devices of other kinds (the RDMA plugin's
+    ``nvidia.com/net-rdma=...``, another vendor's) are left to their CDI handler: a reason line
+    each, no request, so that the container's other channels decide."""
     keys = sorted(k for k in annotations if k.startswith(CDI_ANNOTATION_PREFIX))
     gpu_keys: list[str] = []
     ids: list[str] = []
     ignored: list[Reason] = []
     for key in keys:
         names = _split(annotations[key])
-        gpus = [n for n in names if strip_cdi(n) is not None]
+        gpus = [g for g in (cdi_device(n, kinds) for n in names) if g is not None]
         ignored += [
             Reason(CHANNEL_CDI, n, VERDICT_IGNORED, f"{key}: a CDI device of another kind, not a "
-                   "GPU (left to its own CDI handler)")
-            for n in names if strip_cdi(n) is None
+                   "GPU (left to its own CDI handler; GPU kinds: policy.cdi_kinds)")
+            for n in names if cdi_device(n, kinds) is None
         ]  # fmt: skip
         if gpus:
             gpu_keys.append(key)
@@ -125,6 +133,15 @@ def _cdi_channel(annotations: dict[str, str]) -> tuple[ChannelRequest | None, tu
     values = ",".join(annotations[k] for k in gpu_keys)
     source = ("annotation " if len(gpu_keys) == 1 else "annotations ") + ", ".join(gpu_keys)
     return ChannelRequest(CHANNEL_CDI, source, values, tuple(_dedupe(ids))), tuple(ignored)
+
+
+def cdi_device(name: str, kinds: tuple[str, ...]) -> str | None:
+    """The device name of a fully-qualified CDI name ``<vendor>/<class>=<device>`` whose kind is
+    one of ``kinds``, None for another kind; a name without a kind is taken as it is."""
+    kind, equals, device = name.partition("=")
+    if not equals:
+        return name
+    return device if kind in kinds else None
 
 
 def _marker_channel(mounts: Any) -> ChannelRequest | None:

@@ -75,7 +75,7 @@ def _undecided(request: Request) -> dict[str, Any]:
         "request": request.to_dict(),
         "allocation": None,
         "allocation_error": "",
-        "decision": no_request().to_dict(),
+        "decision": no_request(ignored=request.ignored).to_dict(),  # each ignored part, with why
         "edits": ContainerEdits().to_dict(),
         "mps": None,  # MPS limits: none without a GPU
         "spec_changed": False,

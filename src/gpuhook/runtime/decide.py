@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from gpuhook.model.decision import Request
     from gpuhook.model.inventory import Inventory
     from gpuhook.pipeline.compat import CompatLibrary
+    from gpuhook.pipeline.engine import AllocationSource
     from gpuhook.pipeline.flow import (
         CheckpointSource,
         CompatSource,
@@ -98,9 +99,12 @@ def run(
     mps_admit: MpsAdmit | None = None,
     parsed: Request | None = None,
     compat_source: CompatSource = compat_library,
+    allocation_sources: tuple[AllocationSource, ...] = (),
 ) -> Outcome:
     """:func:`gpuhook.pipeline.flow.run` with the node's real sources (any one can be replaced,
-    as tests do) and the rootfs taken from ``bundle`` unless given ("" without either)."""
+    as tests do) and the rootfs taken from ``bundle`` unless given ("" without either).
+    ``allocation_sources``: allocations besides the kubelet checkpoint (none yet: DRA's claims
+    are the next), to verify the GPUs the engine injected."""
     from gpuhook.pipeline import flow
 
     return flow.run(
@@ -113,4 +117,5 @@ def run(
         rootfs=rootfs if rootfs is not None else rootfs_of(bundle, spec) if bundle else "",
         parsed=parsed,
         compat_source=compat_source,
+        allocation_sources=allocation_sources,
     )

@@ -204,7 +204,7 @@ def _create_full(
 ) -> int:
     from gpuhook.config import loading as config_loading
     from gpuhook.config.types import KUBELET_DIR_DEFAULT
-    from gpuhook.pipeline import request
+    from gpuhook.pipeline import engine, request
     from gpuhook.runtime import ocispec
 
     config: Config | None = None
@@ -216,15 +216,18 @@ def _create_full(
     kubelet_dir = config.policy.kubelet_dir if config else KUBELET_DIR_DEFAULT
     try:
         spec = ocispec.parse(raw, bundle)
-        req = request.parse(spec, kubelet_dir)
+        if config is not None:
+            req = request.parse(spec, kubelet_dir, config.policy.cdi_kinds)
+        else:
+            req = request.parse(spec, kubelet_dir)
     except SpecError as exc:
         return _fail(args, exc)
-    if failure is not None and req.channels:
-        return _fail(args, failure)
+    if failure is not None and (req.channels or engine.needs_allocation(req)):
+        return _fail(args, failure)  # a request, or engine GPUs to verify: fatal
     if config is not None:
         _forget_exec_env(config, args)
         _configure_log(config)
-    if config is None or not req.channels:
+    if config is None or not (req.channels or req.engine_devices):
         if config is not None:
             _log_no_request(args, bundle, req, "")
             unwritten = _record(config, args, bundle, req)
@@ -360,7 +363,7 @@ def _log_no_request(args: RuntimeArgs, bundle: str, req: Request | None, note: s
         return
     from gpuhook.pipeline import policy
 
-    decision = policy.no_request(note)
+    decision = policy.no_request(note, ignored=req.ignored if req is not None else ())
     _logger(args, bundle).debug(
         "decision",
         gpu_container=decision.gpu_container,
