@@ -18,9 +18,10 @@ def pod(
     image: str,
     claims: list[tuple[str, str]] | None = None,
     limits: dict[str, str] | None = None,
-    command: str = testbed.PROBE,
+    command: str = testbed.PROBE + "; exec sleep 3600",
 ) -> dict[str, Any]:
-    """A pod running ``command`` once; ``claims``: (name in the pod, ResourceClaimTemplate)."""
+    """A pod running ``command`` (the probe, then it stays up: gpuhook's record of a container
+    lives as long as the container); ``claims``: (name in the pod, ResourceClaimTemplate)."""
     container: dict[str, Any] = {
         "name": "main",
         "image": image,
@@ -43,22 +44,25 @@ def pod(
 
 
 def run(cluster: Cluster, doc: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
-    """Apply the pod, wait until it ran, and return what the probe saw (``phase``, ``uid``)."""
+    """Apply the pod, wait until its probe ran, and return what it saw (``phase``, ``uid``)."""
     name = doc["metadata"]["name"]
     cluster.wait_for("the default ServiceAccount", lambda: cluster.kubectl(
         "get", "serviceaccount", "default", check=False).returncode == 0, 60)  # fmt: skip
 
-    def done() -> str:
+    def probed() -> str:
         phase = cluster.pod_phase(name)
-        return phase if phase in DONE else ""
+        if phase == "Running":
+            out = cluster.kubectl("logs", name, check=False).stdout
+            return out if "--- end" in out else ""
+        return f"pod {name} {phase}" if phase in DONE else ""
 
     cluster.apply(doc)
     try:
-        phase = cluster.wait_for(f"pod {name} ran", done, timeout)
+        logs = cluster.wait_for(f"pod {name} ran its probe", probed, timeout)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{cluster.events(name)}") from None
-    seen = testbed.parse_probe(cluster.logs(name))
-    seen.update(phase=phase, uid=cluster.pod_uid(name), name=name)
+    seen = testbed.parse_probe(logs)
+    seen.update(phase=cluster.pod_phase(name), uid=cluster.pod_uid(name), name=name)
     return seen
 
 
