@@ -63,6 +63,7 @@ def k8s(
             yield cluster
         finally:
             cluster.down()
+            print(f"\ncluster: up {cluster.up_seconds:.1f}s, down {cluster.down_seconds:.1f}s")
             host.restore(before)
             host.unmount_under(work)
             mounts = host.mounts_under(work)

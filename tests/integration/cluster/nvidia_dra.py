@@ -74,7 +74,10 @@ def device_classes() -> list[dict[str, Any]]:
             "spec": {"selectors": [{"cel": {"expression": cel}}]},
         }
 
-    return [cls("gpu.nvidia.com", "gpu"), cls("mig.nvidia.com", "mig")]
+    gpu = cls("gpu.nvidia.com", "gpu")
+    # DRAExtendedResource (on by default in 1.36): nvidia.com/gpu limits served by this class
+    gpu["spec"]["extendedResourceName"] = "nvidia.com/gpu"
+    return [gpu, cls("mig.nvidia.com", "mig")]
 
 
 def _token_kubeconfig(cluster: Cluster, path: Path) -> Path:

@@ -160,6 +160,19 @@ def test_a_dra_pod_with_a_mig_device(k8s: Cluster, node: FakeNode, dra: Path) ->
     pods.delete(k8s, "dra-mig")
 
 
+def test_an_extended_resource_pod_served_by_dra(k8s: Cluster, node: FakeNode, dra: Path) -> None:
+    """DRAExtendedResource: `nvidia.com/gpu: 1` with no device plugin on the node, served by
+    the DeviceClass that names it: the scheduler makes the pod a claim, the driver prepares it."""
+    seen = pods.run(k8s, pods.pod("dra-ext", IMAGE_ALL, limits={"nvidia.com/gpu": "1"}))
+    assert seen["phase"] == "Running", seen
+    [minor] = gpu_minors(seen)
+    assert seen["dev"] == gpus(minor)
+    record = main_record(inspect_pod(node, k8s, "dra-ext"))
+    assert record["decision"]["channel"] == "engine-cdi"
+    assert f"(gpu-{minor} of gpu.nvidia.com)" in engine_reasons(record)
+    pods.delete(k8s, "dra-ext")
+
+
 def test_a_forged_injection_without_a_claim_is_refused(
     k8s: Cluster, node: FakeNode, dra: Path, injector: None
 ) -> None:
