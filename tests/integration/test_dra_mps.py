@@ -2,7 +2,8 @@
 claim's GPU is an MPS-shared GPU of gpuhook's config (mps.gpus), so each pod's container, whose
 GPU node containerd injected from the claim's CDI spec, is verified against the claim (its
 PodUIDs hold both pods) and becomes a client of that GPU's control daemon with its share of the
-GPU (active thread percentage and pinned memory limit) from gpuhook's MPS config. Real runc through gpuhook-runtime on the fake node, the fake MPS daemon."""
+GPU (active thread percentage and pinned memory limit) from gpuhook's MPS config. Real runc
+through gpuhook-runtime on the fake node, the fake MPS daemon."""
 
 from __future__ import annotations
 
