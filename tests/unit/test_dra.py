@@ -192,8 +192,11 @@ def test_a_gpu_beside_the_claims_is_refused(tmp_path: Path) -> None:
 
 def test_a_claim_of_another_pod_covers_nothing(tmp_path: Path) -> None:
     dra_state.write(tmp_path, [dra_state.claim("c-1", "x", ["pod-uid-2"], ["gpu-2"])])
-    with pytest.raises(RequestError, match="no claim of this pod"):
+    with pytest.raises(RequestError) as exc:
         run(with_nodes(f.spec(annotations=f.k8s()), *gpu_nodes(2)), tmp_path)
+    assert "no claim of this pod; prepared for other pods: ml/x (gpu-2) for pod pod-uid-2" in str(
+        exc.value
+    )
 
 
 def test_another_drivers_device_is_no_gpu(tmp_path: Path) -> None:

@@ -211,6 +211,23 @@ def allocated(state: DraState, pod_uid: str, inventory: Inventory) -> Allocated:
             unknown = "" if found else ", unknown to this node's inventory"
             named.append(f"{claim.display} ({device.name} of {device.driver}{unknown})")
     if not named:
-        return Allocated(f"the kubelet's DRA state {state.path} (no claim of this pod)")
+        return Allocated(
+            f"the kubelet's DRA state {state.path} (no claim of this pod{_others(state)})"
+        )
     what = "claim" if len(named) == 1 else "claims"
     return Allocated(f"DRA {what} {', '.join(named)}", tuple(dict.fromkeys(ids)))
+
+
+def _others(state: DraState) -> str:
+    """The claims of NVIDIA's driver prepared for other pods, for a refusal: a claim prepared
+    for another pod is a common misconfiguration (a claim reused, a pod recreated)."""
+    held = [
+        f"{c.display} ({','.join(d.name for d in c.devices if d.driver == NVIDIA_DRIVER)}) for "
+        f"pod {','.join(c.pod_uids) or 'none'}"
+        for c in state.claims
+        if any(d.driver == NVIDIA_DRIVER for d in c.devices)
+    ]
+    if not held:
+        return ""
+    more = f" and {len(held) - 3} more" if len(held) > 3 else ""
+    return "; prepared for other pods: " + "; ".join(held[:3]) + more
