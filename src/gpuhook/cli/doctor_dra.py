@@ -10,8 +10,11 @@ the kubelet still has (``<kubelet_dir>/pods/<uid>``), else the checkpoint is sta
 
 from __future__ import annotations
 
+import json
 import os
 from typing import TYPE_CHECKING
+
+import yaml
 
 from gpuhook.cli.doctor import FAIL, PASS, SKIP, WARN, Node, Result, section
 from gpuhook.errors import CheckpointError
@@ -80,10 +83,6 @@ def _claim(
 def cdi_names(folders: tuple[str, ...]) -> set[str]:
     """Every fully-qualified CDI device name (``kind=name``) of the specs in ``folders``
     (unreadable or malformed files are skipped: the engine skips them too)."""
-    import json
-
-    import yaml
-
     found: set[str] = set()
     for folder in folders:
         try:
