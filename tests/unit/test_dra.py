@@ -124,6 +124,7 @@ def test_nulls_are_no_claims_and_no_devices() -> None:
         (b'{"Data": "{}", "Checksum": 1}', "fails its checksum"),
         (json.dumps({"Data": "[", "Checksum": zlib.crc32(b"[")}).encode(), "Data is not valid"),
         (json.dumps({"Data": "[]", "Checksum": zlib.crc32(b"[]")}).encode(), "not an object"),
+        (b'{"Data": "\\ud800", "Checksum": 1}', "fails its checksum"),
     ],
 )
 def test_a_damaged_checkpoint_says_what_is_wrong_in_one_line(raw: bytes, message: str) -> None:

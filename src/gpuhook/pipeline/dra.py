@@ -102,7 +102,7 @@ def state_from_bytes(raw: bytes, path: str) -> DraState:
         raise CheckpointError(f"{bad} is malformed: no Data string and Checksum number")
     from zlib import crc32
 
-    if crc32(data.encode()) != checksum:
+    if crc32(data.encode("utf-8", "surrogatepass")) != checksum:
         raise CheckpointError(f"{bad} fails its checksum (a torn or edited file)")
     try:
         doc = _fastjson.loads(data)
