@@ -28,6 +28,7 @@ CLUSTER_SH = SHARED / "src" / "cluster" / "cluster.sh"
 BIN = REPO / "build" / "k8s" / "bin"
 LOCK = Path("/tmp/gpuhook-kubelet.lock")
 LOCK_TIMEOUT = 900.0
+KUBELET_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
 BINARIES = (
     "containerd", "containerd-shim-runc-v2", "ctr", "etcd", "kube-apiserver",
     "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet",
@@ -60,8 +61,22 @@ def binaries(extra: tuple[str, ...] = ()) -> Path:
 
 @contextmanager
 def kubelet_lock() -> Iterator[None]:
-    """/tmp/gpuhook-kubelet.lock, held while a kubelet of this suite runs (flock(1) compatible)."""
-    with open(LOCK, "a") as fh:
+    """One kubelet at a time on this host: /tmp/gpuhook-kubelet.lock (flock(1) compatible) and
+    the lock the real-kubelet suite takes (on ../shared/k8s/kubelet), held while this suite's
+    kubelet runs; then no other kubelet's device-plugin socket may answer (cluster.sh would
+    refuse to start)."""
+    with _flocked(LOCK, "a"), _flocked(SHARED / "kubelet", "rb"):
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        while _kubelet_answers():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{KUBELET_SOCKET}: another kubelet runs")
+            time.sleep(1)
+        yield
+
+
+@contextmanager
+def _flocked(path: Path, mode: str) -> Iterator[None]:
+    with open(path, mode) as fh:
         deadline = time.monotonic() + LOCK_TIMEOUT
         while True:
             try:
@@ -69,12 +84,23 @@ def kubelet_lock() -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{LOCK}: another kubelet ran too long") from None
+                    raise TimeoutError(f"{path}: another kubelet ran too long") from None
                 time.sleep(1)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _kubelet_answers() -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(str(KUBELET_SOCKET))
+        except OSError:
+            return False
+    return True
 
 
 class Cluster:
