@@ -136,7 +136,7 @@ def test_an_rdma_cdi_annotation_does_not_discard_the_gpu_request(
     assert seen["dev"] == gpus(4), seen["stderr"]
     assert (
         "ignored: cdi.k8s.io/nvidia.com_net-rdma: a CDI device of another kind, not a GPU (left "
-        "to its own CDI handler)"
+        "to its own CDI handler; GPU kinds: policy.cdi_kinds)"
     ) in reasons(seen)
 
 
@@ -231,12 +231,22 @@ def test_an_allocated_uuid_missing_from_the_inventory_fails_the_create(
     )
 
 
-def test_an_index_device_id_of_a_gpu_resource_fails_the_create(
+def test_an_index_device_id_of_a_gpu_resource_is_verified_as_a_uuid_is(
     node: FakeNode, containers: Containers, tmp_path: Path
 ) -> None:
+    """deviceIDStrategy index (issue 33): before, the create failed "not a GPU or MIG UUID"."""
     env = checkpoint_env(node, tmp_path, [("pod-uid-1", "main", "nvidia.com/gpu", ["0"])])
-    seen = containers.probe(env, env=["NVIDIA_VISIBLE_DEVICES=0"], annotations=f.k8s())
-    assert "which is not a GPU or MIG UUID" in failed_line(seen)
+    seen = containers.probe(env, env=["NVIDIA_VISIBLE_DEVICES=all"], annotations=f.k8s())
+    assert seen["returncode"] == 0, seen["stderr"]
+    assert seen["dev"] == gpus(0)
+
+
+def test_a_device_id_of_no_known_form_fails_the_create(
+    node: FakeNode, containers: Containers, tmp_path: Path
+) -> None:
+    env = checkpoint_env(node, tmp_path, [("pod-uid-1", "main", "nvidia.com/gpu", ["zero"])])
+    seen = containers.probe(env, env=["NVIDIA_VISIBLE_DEVICES=all"], annotations=f.k8s())
+    assert "which is not a GPU or MIG id" in failed_line(seen)
 
 
 def test_a_cdi_annotation_naming_an_unknown_uuid_fails_the_create(

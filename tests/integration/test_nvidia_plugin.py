@@ -121,15 +121,20 @@ def test_a_gpu_the_engine_injected_for_its_allocation_is_kept_and_recorded(
 ) -> None:
     """The plugin's cdi-cri strategy: nothing in the spec but the nodes the engine injected."""
     env = k8s_env(node, tmp_path, [("pod-uid-1", "main", [uuid(node, 3)])])
-    seen = engine_probe(containers, env, [("/dev/nvidia3", 3)], annotations=f.k8s())
+    name = f"trainer-{uuidlib.uuid4().hex[:8]}"
+    annotations = f.k8s(name=name)
+    seen = engine_probe(containers, env, [("/dev/nvidia3", 3)], annotations=annotations)
     assert seen["returncode"] == 0, seen["stderr"]
-    assert seen["dev"] == gpus(3)
+    assert seen["dev"] == ["/dev/nvidia3"]  # what the engine injected; gpuhook adds nothing
     decision = record(seen)["decision"]
     assert decision["channel"] == "engine-cdi" and not decision["refused"]
     assert [d["id"] for d in decision["devices"]] == ["3"]
     out = node.gpuhook("inspect", "container", seen["container_id"], env=env)
     assert out.returncode == 0, out.stderr
     assert "engine-cdi" in out.stdout and "allocated to pod" in out.stdout
+    out = node.gpuhook("inspect", "pod", f"ml/{name}", "--output", "table", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "engine-cdi /dev/nvidia3" in out.stdout and "granted 3" in out.stdout, out.stdout
 
 
 def test_a_standalone_containers_device_with_the_images_all_is_not_refused(
@@ -137,13 +142,12 @@ def test_a_standalone_containers_device_with_the_images_all_is_not_refused(
 ) -> None:
     """docker run --device /dev/nvidia0 of a CUDA image (NVIDIA_VISIBLE_DEVICES=all) where env
     requests are ignored: the container keeps the engine's GPU 0 (the user chose it), gets
-    nothing more, and the record says GPU 0 came from the engine, not "refused"."""
+    nothing more, its env names GPU 0, and the record says GPU 0 came from the engine, not
+    "refused"."""
     env = node.variant(tmp_path, policy={"standalone": {"env_requests": "ignore"}})
-    seen = engine_probe(
-        containers, env, [("/dev/nvidia0", 0)], env=["NVIDIA_VISIBLE_DEVICES=all"]
-    )
+    seen = engine_probe(containers, env, [("/dev/nvidia0", 0)], env=["NVIDIA_VISIBLE_DEVICES=all"])
     assert seen["returncode"] == 0, seen["stderr"]
-    assert seen["dev"] == gpus(0)
-    assert seen["env"]["NVIDIA_VISIBLE_DEVICES"] == uuid(node, 0)
+    assert seen["dev"] == ["/dev/nvidia0"]
+    assert seen["env"]["NVIDIA_VISIBLE_DEVICES"] == uuid(node, 0)  # not the image's all
     decision = record(seen)["decision"]
     assert decision["channel"] == "engine-cdi" and not decision["refused"]

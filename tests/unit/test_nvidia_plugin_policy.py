@@ -162,9 +162,7 @@ def test_an_allocated_gpu_the_engine_injected_is_recorded_with_its_channel() -> 
         "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
     ]
     assert out.edits.engine_injected == (f.gpu_uuid(3),)
-    paths = [d["path"] for d in out.spec["linux"]["devices"]]
-    assert paths.count("/dev/nvidia3") == 1 and "/dev/nvidiactl" in paths
-    assert f"NVIDIA_VISIBLE_DEVICES={f.gpu_uuid(3)}" in out.spec["process"]["env"]
+    assert not out.changed  # the engine injected what its CDI spec says; gpuhook adds nothing
 
 
 def test_a_gpu_the_engine_injected_that_no_allocation_covers_fails_the_create() -> None:
@@ -179,6 +177,9 @@ def test_a_gpu_the_engine_injected_that_no_allocation_covers_fails_the_create() 
         "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint allocates 1): a "
         "misconfigured or forged CDI spec (policy.kubernetes.engine_devices: verify)"
     )
+    unknown = with_nodes(f.spec(annotations=f.k8s()), ("/dev/nvidia9", 195, 9))
+    with pytest.raises(RequestError, match=r"minor 9, no GPU of this node's inventory"):
+        run(unknown, allocated=[f.gpu_uuid(1)])
     renamed = with_nodes(f.spec(annotations=f.k8s()), ("/dev/gpu-x", 195, 3))  # any path
     with pytest.raises(RequestError, match="injected /dev/gpu-x"):
         run(renamed)
@@ -207,7 +208,8 @@ def test_the_images_all_with_an_engine_node_is_not_recorded_refused() -> None:
     out = run(spec, policy__standalone__env_requests="ignore")
     assert not out.decision.refused and shown(out) == ["0"]
     assert lines(out, "env")[0].startswith("refused: env requests of non-Kubernetes")
-    assert f"NVIDIA_VISIBLE_DEVICES={f.gpu_uuid(0)}" in out.spec["process"]["env"]
+    assert f"NVIDIA_VISIBLE_DEVICES={f.gpu_uuid(0)}" in out.spec["process"]["env"]  # not "all"
+    assert [d["path"] for d in out.spec["linux"]["devices"]] == ["/dev/nvidia0"]  # nothing more
 
 
 def test_a_pods_image_all_with_its_allocated_engine_node() -> None:
@@ -223,6 +225,7 @@ def test_a_privileged_container_keeps_every_device_the_engine_gave_it() -> None:
     nodes = [(f"/dev/nvidia{i}", 195, i) for i in range(8)] + [("/dev/nvidiactl", 195, 255)]
     out = run(with_nodes(f.spec(annotations=f.k8s(), privileged=True), *nodes))
     assert shown(out) == [str(i) for i in range(8)]
+    assert not out.changed  # recorded; left as the engine made it (no env, no driver files)
 
 
 def test_a_mig_device_the_engine_injected_is_found_by_its_caps_nodes() -> None:

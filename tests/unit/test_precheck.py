@@ -38,9 +38,14 @@ def _spec(draw: st.DrawFn) -> dict[str, Any]:
     hooks = None
     if draw(st.booleans()):
         hooks = {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]}
-    return f.spec(
+    out = f.spec(
         env=env, annotations=annotations, mounts=mounts, hooks=hooks, privileged=draw(st.booleans())
     )
+    if draw(st.booleans()):  # a device node the engine injected (a CDI spec, --device)
+        major = draw(st.sampled_from([195, 1, 511]))
+        node = {"path": "/dev/x", "type": "c", "major": major, "minor": draw(st.integers(0, 255))}
+        out["linux"]["devices"] = [node]
+    return out
 
 
 def _escape_slashes_and_some_chars(text: str, seed: int) -> str:
@@ -77,10 +82,12 @@ def test_precheck_never_misses_a_request(spec: dict[str, Any], ascii_only: bool,
     for text in (
         json.dumps(spec, ensure_ascii=ascii_only),
         json.dumps(spec, indent=2),
+        json.dumps(spec, separators=(",", ":")),  # as Go's encoding/json writes it (engines)
         _escape_slashes_and_some_chars(json.dumps(spec), seed),
     ):
         assert json.loads(text) == spec
-        if request.parse(json.loads(text)).channels:
+        parsed = request.parse(json.loads(text))
+        if parsed.channels or parsed.engine_devices:
             assert markers.may_request_gpu(text.encode())
 
 

@@ -9,7 +9,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gpuhook.cli.render import age, paint, section, table
+from gpuhook.model.decision import CHANNEL_ENGINE
 from gpuhook.model.record import DecisionView
+from gpuhook.pipeline.engine import is_gpu_node
 from gpuhook.records import writer
 
 if TYPE_CHECKING:
@@ -225,9 +227,15 @@ def records_table(
 
 
 def _asked(record: Record) -> str:
+    """The request channels, then the GPU nodes the engine injected (found by device number)."""
     req = record.view.request
     channels = req.channels if req is not None else ()
-    return "; ".join(f"{c.channel} {c.value or chr(34) * 2}" for c in channels) or "-"
+    asked = [f"{c.channel} {c.value or chr(34) * 2}" for c in channels]
+    devices = req.engine_devices if req is not None else ()
+    nodes = [path for path, major, minor in devices if is_gpu_node(major, minor)]
+    if nodes:
+        asked.append(f"{CHANNEL_ENGINE} {','.join(nodes)}")
+    return "; ".join(asked) or "-"
 
 
 def pod_table(records: list[Record], color: bool = False, now: float | None = None) -> str:

@@ -94,6 +94,13 @@ def spec_devices(spec: dict[str, Any]) -> tuple[tuple[str, int, int], ...]:
     return found if any(is_gpu_node(major, minor) for _, major, minor in found) else ()
 
 
+def engine_only(decision: Decision) -> bool:
+    """Whether the container's GPUs are all the engine's (no request channel granted any): gpuhook
+    then injects nothing (the engine applied its CDI spec's edits, or its user chose bare
+    ``--device`` nodes); it records them and names them in ``NVIDIA_VISIBLE_DEVICES``."""
+    return decision.channel == CHANNEL_ENGINE
+
+
 def is_gpu_node(major: int, minor: int) -> bool:
     return major == NVIDIA_MAJOR and 0 <= minor < FIRST_CONTROL_MINOR
 
@@ -125,12 +132,12 @@ def needs_allocation(request: Request) -> bool:
 def injected(request: Request, inventory: Inventory) -> tuple[Injected, ...]:
     """The GPU devices of the spec's device nodes, by device number."""
     numbers = {(major, minor) for _, major, minor in request.engine_devices}
-    by_minor = {_number(g): g for g in inventory.gpus}
+    by_number = {_number(g): g for g in inventory.gpus}
     out: list[Injected] = []
     for path, major, minor in request.engine_devices:
         if not is_gpu_node(major, minor):
             continue
-        gpu = by_minor.get((major, minor))
+        gpu = by_number.get((major, minor))
         if gpu is None:
             out.append(Injected(path, minor, None))
             continue
@@ -229,9 +236,10 @@ def _keep(
     if policy.engine_devices == "allow":
         why = f"not allocated to {who}; kept (policy.kubernetes.engine_devices: allow)"
         return f"{injected_by}: {why}"
+    unknown = "" if item.ref else ", no GPU of this node's inventory (gpuhook inventory refresh)"
     raise RequestError(
-        f"the engine injected {item.path} ({what}) into {who}, but no allocation covers it "
-        f"({'; '.join(looked)}): a misconfigured or forged CDI spec "
+        f"the engine injected {item.path} ({what}{unknown}) into {who}, but no allocation covers "
+        f"it ({'; '.join(looked)}): a misconfigured or forged CDI spec "
         "(policy.kubernetes.engine_devices: verify)"
     )
 

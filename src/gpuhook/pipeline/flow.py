@@ -76,7 +76,7 @@ def run(
     found = (allocation, allocation_error)
     decision = _decide(req, config, inventory, found, allocation_sources)
     mps_plan: MpsPlan | None = None
-    if config.mps.enabled and decision.devices:
+    if config.mps.enabled and decision.devices and not engine.engine_only(decision):
         client = identity.client_of(spec)
         mps_plan = _mps(decision, inventory(), config, req, client, mps_probe, mps_admit)
     compat = _compat(decision, inventory, config, rootfs, compat_source)
@@ -117,6 +117,7 @@ def _compat(
     """The forward compatibility decision for the image, None when there is none to take (no
     compute grant of GPUs, turned off, no rootfs, or the image ships no compat libcuda)."""
     wanted = decision.injects and decision.devices and "compute" in decision.capabilities
+    wanted = wanted and not engine.engine_only(decision)
     if source is None or not (wanted and rootfs and config.cuda_compat):
         return None
     lib = source(rootfs)

@@ -14,7 +14,7 @@ other NVIDIA component acts on it.
 
 from __future__ import annotations
 
-from gpuhook.model.decision import KIND_MIG
+from gpuhook.model.decision import CHANNEL_ENGINE, KIND_MIG
 from gpuhook.model.edits import ContainerEdits, Hook
 from gpuhook.pipeline import driverfiles
 from gpuhook.pipeline.request import ENV_CAPS, ENV_VISIBLE
@@ -76,6 +76,8 @@ def edits_for(
     visible = visible_value(decision)
     env = [f"{ENV_VISIBLE}={visible}"] if visible is not None else []
     remove = nvidia_hooks
+    if decision.channel == CHANNEL_ENGINE:  # the engine's GPUs alone: it injected what they need
+        return _engine_only(decision, env, remove, spec)
     if not decision.injects or inventory is None:
         return ContainerEdits(env=tuple(env), remove_hooks=remove)
     env.append(f"{ENV_CAPS}={','.join(decision.capabilities)}")
@@ -100,6 +102,20 @@ def edits_for(
         notes=notes,
     )
     return edits if spec is None else without_present(edits, decision, inventory, config, spec)
+
+
+def _engine_only(
+    decision: Decision, env: list[str], remove: tuple[str, ...], spec: Mapping[str, Any] | None
+) -> ContainerEdits:
+    """No device node, driver file or hook: only ``NVIDIA_VISIBLE_DEVICES``, set to the engine's
+    GPUs where the spec names any (the image's ``all``, a CDI spec's ``void``), and NVIDIA's
+    prestart hooks removed."""
+    named = any(e.startswith(f"{ENV_VISIBLE}=") for e in _env_of(spec))
+    return ContainerEdits(
+        env=tuple(env) if named else (),
+        remove_hooks=remove,
+        engine_injected=tuple(d.uuid for d in decision.devices),
+    )
 
 
 def _env_of(spec: Mapping[str, Any] | None) -> list[str]:
