@@ -132,6 +132,16 @@ def test_containerd_imports(tmp_path: Path) -> None:
     assert reg2.default == "runc"
 
 
+def test_containerd_reader_refuses_a_drop_in_of_a_higher_version(tmp_path: Path) -> None:
+    """NVIDIA/aicr#1688: a version-4 drop-in under a version-2 root stops containerd 2.x."""
+    (tmp_path / "99-nvidia.toml").write_text("version = 4\n")
+    reg = read("containerd", tmp_path, f'version = 2\nimports = ["{tmp_path}/*.toml"]\n')
+    assert reg.error == (
+        f"import {tmp_path}/99-nvidia.toml: config version 4 is higher than this file's (2): "
+        "containerd 2.x refuses to start"
+    )
+
+
 # --- the registry and the command --------------------------------------------------------------
 
 

@@ -105,7 +105,7 @@ def test_containerd_default_layouts(tmp_path: Path) -> None:
         'BinaryName = "/usr/bin/gpuhook-runtime"\n'
     )
     assert details(legacy) == [
-        "config version 1 is not supported (gpuhook reads versions 2 and 3; containerd config "
+        "config version 1 is not supported (gpuhook reads versions 2, 3 and 4; containerd config "
         "migrate converts older files)"
     ]
     assert details("[plugins\n")[0].startswith("not valid TOML: ")

@@ -604,3 +604,12 @@ def test_containerd_base_options_of_the_merged_config_win() -> None:
     )
     options = at(tomllib.loads(dropin.text), *CRI3, "runtimes", "gpuhook", "options")
     assert options == {"BinaryName": RT, "SystemdCgroup": False, "Root": "/srv/runc"}
+
+
+def test_dropin_undo_removes_an_imports_key_it_added() -> None:
+    text = V3.replace("imports = []\n", "")
+    main, _ = r.containerd_dropin(text, None, set_default=True, dropin_source=DROPIN)
+    assert added_lines(text, main.text) == [
+        f'imports = ["{DROPIN}"]  # gpuhook runtime configure: added'
+    ]
+    assert r.containerd_remove_import(main.text, DROPIN).text == text

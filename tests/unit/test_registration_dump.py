@@ -146,7 +146,7 @@ def test_an_edit_containerd_would_not_read_is_undone(
     config.chmod(0o640)
     config.write_text(original.replace(f"imports = ['{conf_d}/*.toml']", "imports = []"))
     before = config.read_bytes()
-    dropin = conf_d / "99-gpuhook.toml"
+    dropin = conf_d / "new" / "99-gpuhook.toml"  # its folder too is made, then removed
     monkeypatch.setenv(env, "1")
     args = ["--runtime", "containerd", "--config", str(config), "--containerd", containerd]
     args += ["--drop-in", str(dropin)] if drop_in else []

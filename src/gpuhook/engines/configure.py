@@ -191,33 +191,31 @@ def plan(
     if containerd and exe is None:
         raise UsageError(f"--containerd {containerd!r}: not an executable file")
     version = _version(before, new_version or (lambda: containerd_major(exe or "containerd")))
-    if exe is not None and before is not None and action == CONFIGURE and _is_toml(before):
-        req = req.replace(base_options=tuple(_merged_runc_options(exe, path).items()))
-    if drop_in is None:
+    return _containerd_plan(req, before, version, exe)
+
+
+def _containerd_plan(req: _Request, before: str | None, version: int, exe: str | None) -> Plan:
+    """containerd's plan, with runc's merged options and the check of :func:`apply` when
+    ``exe`` (a containerd) is given."""
+    configured = req.action == CONFIGURE
+    if exe is not None and before is not None and configured and _is_toml(before):
+        req = req.replace(base_options=tuple(_merged_runc_options(exe, req.path).items()))
+    if req.drop_in is None:
         p = _single(req, before, _containerd_edit(req, before, version))
-    elif action == CONFIGURE:
-        p = _dropin_configure(req, drop_in, before, version)
+    elif configured:
+        p = _dropin_configure(req, req.drop_in, before, version)
     else:
-        p = _dropin_unconfigure(req, drop_in, before)
+        p = _dropin_unconfigure(req, req.drop_in, before)
     if not p.changed:
         return p
     if exe is None:
-        return p.replace(
-            notes=(
-                *p.notes,
-                "containerd not found (--containerd PATH): the edit is not checked with "
-                "`containerd config dump`",
-            )
+        unchecked = (
+            "containerd not found (--containerd PATH): the edit is not checked with "
+            "`containerd config dump`"
         )
-    configured = action == CONFIGURE
-    check = DumpCheck(
-        exe,
-        path,
-        req.name if configured else "",
-        req.runtime_path,
-        req.set_default,
-        req.base_options,
-    )
+        return p.replace(notes=(*p.notes, unchecked))
+    name = req.name if configured else ""
+    check = DumpCheck(exe, req.path, name, req.runtime_path, req.set_default, req.base_options)
     return p.replace(check=check)
 
 
@@ -351,7 +349,7 @@ def apply(p: Plan) -> list[str]:
     """Back up and write every changed file; then, for containerd, check the result with
     ``containerd config dump`` and restore every file (backups removed) when containerd would
     not read what was meant. Returns one line per file written or removed (and the check)."""
-    written: list[tuple[FileChange, str]] = []
+    written: list[_Written] = []
     try:
         lines = _write(p, written)
         if p.check is not None:
@@ -385,9 +383,13 @@ def _check(check: DumpCheck) -> str:
     )
 
 
-def _restore(written: list[tuple[FileChange, str]]) -> None:
-    """Put back every file :func:`_write` changed, and remove the backups it made."""
-    for change, saved in reversed(written):
+# What _write did to one file: the change, its backup ("" when none), the folders it created.
+_Written = tuple[FileChange, str, tuple[str, ...]]
+
+
+def _restore(written: list[_Written]) -> None:
+    """Put back every file :func:`_write` changed; remove the backups and folders it made."""
+    for change, saved, folders in reversed(written):
         if change.before is None:
             if os.path.lexists(change.path):
                 os.unlink(change.path)
@@ -396,9 +398,26 @@ def _restore(written: list[tuple[FileChange, str]]) -> None:
             atomic_write(change.path, change.before.encode("utf-8"), mode)
         if saved:
             os.unlink(saved)
+        for folder in folders:  # deepest first
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
 
 
-def _write(p: Plan, written: list[tuple[FileChange, str]]) -> list[str]:
+def _new_folders(folder: str) -> tuple[str, ...]:
+    """The folders that making ``folder`` creates, deepest first."""
+    out: list[str] = []
+    while folder and not os.path.isdir(folder):
+        out.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return tuple(out)
+
+
+def _write(p: Plan, written: list[_Written]) -> list[str]:
     lines: list[str] = []
     logger = log.get_logger(engine=p.engine, action=p.action)
     for change in p.changes:
@@ -412,12 +431,14 @@ def _write(p: Plan, written: list[tuple[FileChange, str]]) -> list[str]:
             atomic_write(saved, change.before.encode("utf-8"), mode)
         if change.after is None:
             os.unlink(change.path)
-            written.append((change, saved))
+            written.append((change, saved, ()))
             lines.append(f"removed {change.path} (saved as {saved})")
         else:
-            os.makedirs(os.path.dirname(change.path) or ".", mode=0o755, exist_ok=True)
+            folder = os.path.dirname(change.path) or "."
+            folders = _new_folders(folder)
+            os.makedirs(folder, mode=0o755, exist_ok=True)
             atomic_write(change.path, change.after.encode("utf-8"), mode)
-            written.append((change, saved))
+            written.append((change, saved, folders))
             lines.append(
                 f"wrote {change.path}"
                 + (f" (previous file saved as {saved})" if saved else " (new file)")

@@ -1,6 +1,6 @@
 """Register gpuhook-runtime with containerd (pure: text in, text out).
 
-``config.toml`` (config version 2 for containerd 1.x, 3 for containerd 2.x) gets a CRI runtime
+``config.toml`` (config version 2 for containerd 1.x, 3 or 4 for containerd 2.x) gets a CRI runtime
 ``<name>`` of type ``io.containerd.runc.v2`` whose options are those of the existing ``runc``
 runtime (``SystemdCgroup`` and the rest) plus ``BinaryName = <runtime path>``, and, as the
 default, ``default_runtime_name = <name>``. The runtime also lets through the annotations gpuhook
@@ -22,7 +22,10 @@ Registration leaves both keys as they are and its notes say where the CDI spec m
 there.
 
 Unconfiguring removes the runtime, and, where ``<name>`` was the default, gives the default back
-to runc: ``default_runtime_name = "runc"`` (what ``containerd config default`` writes).
+as it was: runc, another runtime, or no ``default_runtime_name`` at all (the line and its marker
+comment: :mod:`gpuhook.engines.containerd_default`), so that the file is byte for byte the one
+configure read. ``base_options`` are runc's options in the merged config (``containerd config
+dump``: :mod:`gpuhook.engines.containerd_dump`), which a new runtime carries over the file's.
 Malformed input raises :class:`gpuhook.errors.RegistrationError` with one line. Reading the
 file, writing in its style and checking an edit are :mod:`gpuhook.engines.containerd_toml`'s.
 """

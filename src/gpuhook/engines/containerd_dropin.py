@@ -7,6 +7,7 @@ version-3 drop-in holds only gpuhook's keys."""
 from __future__ import annotations
 
 import fnmatch
+import re
 from typing import TYPE_CHECKING, Any
 
 import tomlkit
@@ -20,13 +21,12 @@ from gpuhook.engines.common import (
     toml_load,
 )
 from gpuhook.engines.containerd import containerd_configure, new_containerd_text
+from gpuhook.engines.containerd_default import ADDED
 from gpuhook.engines.readers import CRI_PLUGIN
 from gpuhook.errors import RegistrationError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-
-    from tomlkit.toml_document import TOMLDocument
 
 
 def imports_of(plain: dict[str, Any], source: str) -> list[str]:
@@ -52,22 +52,19 @@ def containerd_add_import(text: str, dropin_path: str, *, source: str = "config.
     expected = ctoml.plain(plain)
     expected["imports"] = [*imports, dropin_path]
     current = ctoml.tk_get(doc, "imports")
-    if current is None:
-        _insert_top_level(doc, "imports", [dropin_path])
+    if current is None:  # one line after `version`, marked: undo removes the key it added
+        line = f"imports = [{ctoml.toml_string(dropin_path, chr(34))}]  {ADDED}"
+        new = re.sub(
+            r"(?m)^(version\s*=[^\n]*)(?:\n|\Z)",
+            lambda m: f"{m.group(1)}\n{line}\n",
+            text,
+            count=1,
+        )
     else:
         current.append(dropin_path)
-    new = tomlkit.dumps(doc)
+        new = tomlkit.dumps(doc)
     ctoml.verify(new, expected, source)
     return Edit(new, True, (f"imports += {dropin_path}",))
-
-
-def _insert_top_level(doc: TOMLDocument, key: str, value: Any) -> None:
-    """Add a top-level key after ``version`` (before the first table)."""
-    keys = list(doc.keys())
-    if "version" in keys:
-        doc.add(key, value)  # tomlkit puts plain keys before the first table
-    else:
-        doc[key] = value
 
 
 def containerd_remove_import(text: str, dropin_path: str, *, source: str = "config.toml") -> Edit:
@@ -82,6 +79,11 @@ def containerd_remove_import(text: str, dropin_path: str, *, source: str = "conf
     while dropin_path in list(current):
         current.remove(dropin_path)
     new = tomlkit.dumps(doc)
+    if not expected["imports"]:  # a key configure added (its mark) goes with its last entry
+        dropped = re.sub(rf"(?m)^imports\s*=\s*\[\s*\]\s*{re.escape(ADDED)}\n", "", new)
+        if dropped != new:
+            del expected["imports"]
+            new = dropped
     ctoml.verify(new, expected, source)
     return Edit(new, True, (f"imports -= {dropin_path}",))
 

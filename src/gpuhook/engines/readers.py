@@ -171,6 +171,12 @@ def _imports(doc: dict[str, Any], path: str, version: int) -> str:
                 imported = _load_toml(data)
             except (ValueError, UnicodeDecodeError) as exc:
                 return f"import {name}: not valid TOML: {exc}"
+            theirs = imported.get("version", 1)
+            if isinstance(theirs, int) and theirs > version:
+                return (
+                    f"import {name}: config version {theirs} is higher than this file's "
+                    f"({version}): containerd 2.x refuses to start"
+                )
             plugins = imported.get("plugins")
             if version == 2 and isinstance(plugins, dict):
                 # containerd 1.x: an imported plugin section replaces the main file's.
