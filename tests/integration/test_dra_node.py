@@ -40,6 +40,7 @@ class Pod:
         cp = write_checkpoint(tmp_path / "kubelet_internal_checkpoint", [])
         policy = {"kubernetes": {"checkpoint": str(cp), "kubelet_dir": str(kubelet)}}
         self.env = node.variant(tmp_path, policy=policy)
+        self.node = node
 
     def _own(self, claim: dict[str, Any]) -> dict[str, Any]:
         """A claim given as prepared for "POD" is prepared for this pod."""
@@ -48,6 +49,15 @@ class Pod:
 
     def annotations(self) -> dict[str, str]:
         return f.k8s(uid=self.uid, name=self.name, namespace="ml")
+
+
+def containers_control(node: FakeNode) -> list[tuple[str, int, int]]:
+    return [(c["path"], c["major"], c["minor"]) for c in node.truth["control_nodes"]]
+
+
+def dra_gpus(*minors: int) -> list[str]:
+    """What a claim pod sees: its GPU nodes and the CDI spec's control nodes."""
+    return sorted([*gpus(*minors), "/dev/nvidia-modeset"])
 
 
 def gpu_nodes(*minors: int) -> list[tuple[str, int, int]]:
@@ -74,10 +84,13 @@ def claim_pod(
     )
     spec = json.loads((bundle / "config.json").read_text())
     spec["process"]["env"] += cdi_env
+    if nodes:  # the claim spec's common edits: the control nodes, nvidia-modeset included
+        control = containers_control(pod.node)
+        nodes = [*nodes, *control]
     linux = spec.setdefault("linux", {})
     rules = linux.setdefault("resources", {}).setdefault("devices", [])
     for path, major, minor in nodes:
-        mode = 438 if major == 195 else 292
+        mode = 292 if "nvidia-caps" in path else 438
         node = {"path": path, "type": "c", "major": major, "minor": minor, "fileMode": mode}
         linux.setdefault("devices", []).append({**node, "uid": 0, "gid": 0})
         rules.append({"allow": True, "type": "c", "major": major, "minor": minor, "access": "rwm"})
@@ -105,7 +118,7 @@ def test_a_dra_pod_with_one_gpu(node: FakeNode, containers: Containers, tmp_path
     pod = Pod(node, tmp_path, [dra_state.claim("c-1", "one-gpu", ["POD"], ["gpu-3"])])
     seen = claim_pod(containers, pod, gpu_nodes(3), IMAGE_ALL)
     assert seen["returncode"] == 0, seen["stderr"]
-    assert seen["dev"] == gpus(3)
+    assert seen["dev"] == dra_gpus(3)
     assert seen["env"]["NVIDIA_VISIBLE_DEVICES"] == node.truth["gpus"][3]["uuid"]
     got = decision(seen)
     assert got["channel"] == "engine-cdi" and not got["refused"]
@@ -118,7 +131,7 @@ def test_a_dra_pod_with_two_gpus(node: FakeNode, containers: Containers, tmp_pat
     pod = Pod(node, tmp_path, [dra_state.claim("c-2", "two-gpus", ["POD"], ["gpu-1", "gpu-4"])])
     seen = claim_pod(containers, pod, gpu_nodes(1, 4), IMAGE_ALL)
     assert seen["returncode"] == 0, seen["stderr"]
-    assert seen["dev"] == gpus(1, 4)
+    assert seen["dev"] == dra_gpus(1, 4)
     assert [d["id"] for d in decision(seen)["devices"]] == ["1", "4"]
     assert "ml/two-gpus (gpu-1 of gpu.nvidia.com), ml/two-gpus (gpu-4" in inspect_pod(node, pod)
 
@@ -134,7 +147,7 @@ def test_a_dra_pod_with_a_mig_device(
     seen = claim_pod(containers, pod, mig_nodes(node, 6, 1), IMAGE_ALL)
     assert seen["returncode"] == 0, seen["stderr"]
     caps = sorted(c["path"] for c in mig["caps_nodes"])
-    assert seen["dev"] == sorted([*gpus(6), "/dev/nvidia-caps", *caps])
+    assert seen["dev"] == sorted([*dra_gpus(6), "/dev/nvidia-caps", *caps])
     assert seen["env"]["NVIDIA_VISIBLE_DEVICES"] == mig["uuid"]
     assert [d["id"] for d in decision(seen)["devices"]] == ["6:1"]
     assert f"DRA claim ml/mig ({name} of gpu.nvidia.com)" in inspect_pod(node, pod)
@@ -176,4 +189,4 @@ def test_the_images_all_without_the_drivers_void_grants_only_the_claim(
     pod = Pod(node, tmp_path, [dra_state.claim("c-6", "one", ["POD"], ["gpu-2"])])
     seen = claim_pod(containers, pod, gpu_nodes(2), IMAGE_ALL, cdi_env=[])
     assert seen["returncode"] == 0, seen["stderr"]
-    assert seen["dev"] == gpus(2)
+    assert seen["dev"] == dra_gpus(2)

@@ -256,3 +256,31 @@ def test_a_pod_with_no_gpu_node_never_reads_the_state(tmp_path: Path) -> None:
     (tmp_path / "dra_manager_state").mkdir()  # opening it would fail
     out = run(f.spec(env=["NVIDIA_VISIBLE_DEVICES=void"], annotations=f.k8s()), tmp_path)
     assert not out.decision.gpu_container
+
+
+def test_a_shared_claim_on_an_mps_gpu_gets_the_mps_edits(tmp_path: Path) -> None:
+    """The engine applied the claim's CDI spec; gpuhook adds what no CDI spec gives: the MPS
+    client's env and pipe folder (the engine-only path injects nothing else)."""
+    claim = dra_state.claim("c-1", "shared", [POD, "pod-uid-2"], ["gpu-1"], share_id="s")
+    dra_state.write(tmp_path, [claim])
+    spec = with_nodes(f.spec(annotations=f.k8s()), *gpu_nodes(1))
+    out = decide.run(
+        spec,
+        f.config(policy__kubernetes__kubelet_dir=str(tmp_path), mps__gpus=[1], mps__replicas=2),
+        inventory_source=lambda _c: inventory(),
+        checkpoint_source=lambda path, uid, name: Allocation(uid, name, (), path),
+        mps_probe=lambda _pipe: 1,
+        mps_admit=lambda _plan: None,
+    )
+    assert out.mps is not None and out.mps.group == "gpu1"
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in out.edits.env
+    assert not out.edits.device_nodes  # the engine's nodes are not injected twice
+    privileged = with_nodes(f.spec(annotations=f.k8s(), privileged=True), *gpu_nodes(1))
+    out = decide.run(
+        privileged,
+        f.config(policy__kubernetes__kubelet_dir=str(tmp_path), mps__gpus=[1], mps__replicas=2),
+        inventory_source=lambda _c: inventory(),
+        checkpoint_source=lambda path, uid, name: Allocation(uid, name, (), path),
+        mps_probe=lambda _pipe: None,  # a daemon down would refuse it: it is never asked
+    )
+    assert out.mps is None
