@@ -22,6 +22,7 @@ IMAGE = "gpuhook-test.local/busybox:1"
 IMAGE_ALL = "gpuhook-test.local/busybox-env-all:1"
 PATH_ENV = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
 DRA_PLUGIN = "nvidia-dra-gpu-kubelet-plugin"
+MPS_GPU = 1  # gpuhook's MPS-shared GPU on the cluster's node (2 replicas)
 
 
 def _images(rootfs: str, folder: Path) -> list[Path]:
@@ -52,17 +53,22 @@ def k8s(
         work = engines.short_dir("ghk")
         kubelet_root = work / "kubelet" / "root"
         policy = {"kubernetes": {"kubelet_dir": str(kubelet_root)}}
-        config = node.variant(scratch, policy=policy)["GPUHOOK_CONFIG"]
+        mps = {"root": str(scratch / "mps"), "gpus": [MPS_GPU], "replicas": 2}
+        config = node.variant(scratch, policy=policy, mps=mps)["GPUHOOK_CONFIG"]
         containerd = stack.BIN / "containerd"
         configure = stack.write_configure(
             scratch / "configure", testbed.GPUHOOK, testbed.RUNTIME, containerd, config
         )
         cluster = stack.Cluster(work, stack.env_for(config, images, PAUSE, configure))
+        gpuhook_env = {"GPUHOOK_CONFIG": config}
         try:
+            started = node.gpuhook("mps", "start", env=gpuhook_env)
+            assert started.returncode == 0, started.stderr
             cluster.up()
             yield cluster
         finally:
             cluster.down()
+            node.gpuhook("mps", "stop", env=gpuhook_env)
             print(f"\ncluster: up {cluster.up_seconds:.1f}s, down {cluster.down_seconds:.1f}s")
             host.restore(before)
             host.unmount_under(work)

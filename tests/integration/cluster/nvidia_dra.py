@@ -174,13 +174,30 @@ def slices(cluster: Cluster) -> list[dict[str, Any]]:
     return [d for s in items if s["spec"]["driver"] == DRIVER for d in s["spec"].get("devices", [])]
 
 
-def claim_template(name: str, device_class: str, count: int = 1) -> dict[str, Any]:
+def claim_template(name: str, device_class: str, count: int = 1, avoid: str = "") -> dict[str, Any]:
+    """A ResourceClaimTemplate of ``count`` devices of ``device_class``, never the GPU whose
+    UUID is ``avoid``."""
     exactly: dict[str, Any] = {"deviceClassName": device_class}
     if count > 1:
         exactly.update(allocationMode="ExactCount", count=count)
+    if avoid:
+        cel = f"device.attributes['{DRIVER}'].uuid != '{avoid}'"
+        exactly["selectors"] = [{"cel": {"expression": cel}}]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
+
+
+def shared_claim(name: str, uuid: str) -> dict[str, Any]:
+    """A ResourceClaim of the GPU with ``uuid`` (pods that name it share the GPU)."""
+    cel = f"device.attributes['{DRIVER}'].uuid == '{uuid}'"
+    request = {"deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": cel}}]}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
     }

@@ -21,7 +21,8 @@ def pod(
     command: str = testbed.PROBE + "; exec sleep 3600",
 ) -> dict[str, Any]:
     """A pod running ``command`` (the probe, then it stays up: gpuhook's record of a container
-    lives as long as the container); ``claims``: (name in the pod, ResourceClaimTemplate)."""
+    lives as long as the container); ``claims``: (name in the pod, ResourceClaimTemplate or
+    ``claim:<ResourceClaim>``)."""
     container: dict[str, Any] = {
         "name": "main",
         "image": image,
@@ -36,11 +37,18 @@ def pod(
         "containers": [container],
     }
     if claims:
-        spec["resourceClaims"] = [{"name": n, "resourceClaimTemplateName": t} for n, t in claims]
+        spec["resourceClaims"] = [_claim(n, t) for n, t in claims]
         container["resources"] = {"claims": [{"name": n} for n, _ in claims]}
     if limits:
         container.setdefault("resources", {})["limits"] = limits
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def _claim(name: str, source: str) -> dict[str, str]:
+    """``claim:<name>``: an existing ResourceClaim (pods naming it share it), else a template."""
+    if source.startswith("claim:"):
+        return {"name": name, "resourceClaimName": source[len("claim:") :]}
+    return {"name": name, "resourceClaimTemplateName": source}
 
 
 def run(cluster: Cluster, doc: dict[str, Any], timeout: float = 120) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import testbed
 
 from tests.conftest import FakeNode
 from tests.integration.cluster import nvidia_dra, pods
-from tests.integration.cluster.conftest import IMAGE, IMAGE_ALL
+from tests.integration.cluster.conftest import IMAGE, IMAGE_ALL, MPS_GPU
 from tests.integration.cluster.stack import BIN, Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -30,9 +30,10 @@ CONTROL = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
 def dra(k8s: Cluster, node: FakeNode, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """NVIDIA's DRA driver running, its devices published, and the claim templates."""
     hook_log = nvidia_dra.start(k8s, node, tmp_path_factory.mktemp("nvidia-dra"))
+    mps_gpu = node.truth["gpus"][MPS_GPU]["uuid"]  # left to the shared claim's test
     k8s.apply([
-        nvidia_dra.claim_template("one-gpu", "gpu.nvidia.com"),
-        nvidia_dra.claim_template("two-gpus", "gpu.nvidia.com", 2),
+        nvidia_dra.claim_template("one-gpu", "gpu.nvidia.com", avoid=mps_gpu),
+        nvidia_dra.claim_template("two-gpus", "gpu.nvidia.com", 2, avoid=mps_gpu),
         nvidia_dra.claim_template("one-mig", "mig.nvidia.com"),
     ])  # fmt: skip
     return hook_log
@@ -171,6 +172,33 @@ def test_an_extended_resource_pod_served_by_dra(k8s: Cluster, node: FakeNode, dr
     assert record["decision"]["channel"] == "engine-cdi"
     assert f"(gpu-{minor} of gpu.nvidia.com)" in engine_reasons(record)
     pods.delete(k8s, "dra-ext")
+
+
+def test_a_claim_shared_by_two_pods_under_mps(k8s: Cluster, node: FakeNode, dra: Path) -> None:
+    """One ResourceClaim of gpuhook's MPS-shared GPU, named by two pods: the driver prepares it
+    once for both, each pod's container is a client of the GPU's daemon with half of it, and so
+    is a process exec'd into it (kubectl exec)."""
+    gpu = node.truth["gpus"][MPS_GPU]
+    k8s.apply(nvidia_dra.shared_claim("shared-mps", gpu["uuid"]))
+    share = int(gpu["memory"]) // 2 // (1 << 20)
+    want = {
+        "CUDA_MPS_PIPE_DIRECTORY": "/run/gpuhook/mps/pipe",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={share}M",
+    }
+    names = ["mps-a", "mps-b"]
+    for name in names:
+        seen = pods.run(k8s, pods.pod(name, IMAGE, claims=[("gpu", "claim:shared-mps")]))
+        assert seen["phase"] == "Running", seen
+        assert gpu_minors(seen) == [gpu["minor"]]
+        assert {k: v for k, v in seen["env"].items() if k.startswith("CUDA_MPS_")} == want
+        execd = k8s.kubectl("exec", name, "--", "/bin/sh", "-c", "env | grep ^CUDA_MPS_").stdout
+        assert dict(line.split("=", 1) for line in execd.split()) == want
+        record = main_record(inspect_pod(node, k8s, name))
+        assert record["mps"]["group"] == f"gpu{MPS_GPU}"
+        assert "DRA claim default/shared-mps" in engine_reasons(record)
+    pods.delete(k8s, *names)
+    k8s.kubectl("delete", "resourceclaim", "shared-mps", "--wait=false")
 
 
 def test_a_forged_injection_without_a_claim_is_refused(
