@@ -190,3 +190,22 @@ def test_the_images_all_without_the_drivers_void_grants_only_the_claim(
     seen = claim_pod(containers, pod, gpu_nodes(2), IMAGE_ALL, cdi_env=[])
     assert seen["returncode"] == 0, seen["stderr"]
     assert seen["dev"] == dra_gpus(2)
+
+
+def test_inspect_pod_by_uid_explains_a_claim_that_cannot_start(
+    node: FakeNode, tmp_path: Path
+) -> None:
+    """A pod refused or never started has no record; its claim's CDI spec is in no CDI folder
+    (lost from /var/run/cdi after a reboot while the checkpoint persisted) and the kubelet no
+    longer has the pod: inspect pod <uid> says both."""
+    pod = Pod(node, tmp_path, [dra_state.claim("c-7", "lost", ["POD"], ["gpu-2"])])
+    out = node.gpuhook("inspect", "pod", pod.uid, "-o", "json", env=pod.env)
+    assert out.returncode == 0, out.stderr
+    [claim] = json.loads(out.stdout)["dra_claims"]
+    assert (claim["claim"], claim["devices"]) == ("ml/lost", ["gpu-2 (gpu.nvidia.com)"])
+    assert "a stale checkpoint" in claim["problems"][0]
+    assert "CDI device k8s.gpu.nvidia.com/claim=c-7-gpu-2 is in no spec" in claim["problems"][1]
+    table = node.gpuhook("inspect", "pod", pod.uid, "-o", "table", env=pod.env)
+    assert "DRA claims" in table.stdout and "ml/lost (c-7): gpu-2 (gpu.nvidia.com)" in table.stdout
+    missing = node.gpuhook("inspect", "pod", "no-such-uid", env=pod.env)
+    assert missing.returncode != 0 and "no decision record" in missing.stderr

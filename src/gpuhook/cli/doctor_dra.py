@@ -54,29 +54,36 @@ def check_dra(node: Node) -> list[Result]:
 def _claim(
     claim: dra.Claim, kubelet_dir: str, names: set[str], inventory: Inventory | None
 ) -> list[Result]:
+    return [Result(NAME, *p) for p in claim_problems(claim, kubelet_dir, names, inventory)]
+
+
+def claim_problems(
+    claim: dra.Claim, kubelet_dir: str, names: set[str], inventory: Inventory | None
+) -> list[tuple[str, str, str]]:
+    """What keeps a prepared claim's pods from starting: (status, message, fix) each.
+    ``names``: the CDI names of the CDI folders (:func:`cdi_names`)."""
     what = f"claim {claim.display} ({claim.uid})"
-    out: list[Result] = []
+    out: list[tuple[str, str, str]] = []
     live = [p for p in claim.pod_uids if os.path.isdir(os.path.join(kubelet_dir, "pods", p))]
     if not live:
         pods = ", ".join(claim.pod_uids) or "no pod"
-        out.append(Result(NAME, WARN, f"{what} is prepared for {pods}, which the kubelet no "
-                          "longer has: a stale checkpoint",
-                          "it goes when the kubelet unprepares the claim; restart the kubelet "
-                          "if it stays"))  # fmt: skip
+        out.append((WARN, f"{what} is prepared for {pods}, which the kubelet no longer has: "
+                    "a stale checkpoint", "it goes when the kubelet unprepares the claim; "
+                    "restart the kubelet if it stays"))  # fmt: skip
     for device in claim.devices:
         if device.driver != dra.NVIDIA_DRIVER:
             continue
         if inventory is not None and not dra.nvidia_device(device.name, inventory):
-            out.append(Result(NAME, FAIL, f"{what}: device {device.name} is no GPU of this "
-                              "node's inventory (a stale checkpoint or inventory)",
-                              "gpuhook inventory refresh"))  # fmt: skip
+            out.append((FAIL, f"{what}: device {device.name} is no GPU of this node's "
+                        "inventory (a stale checkpoint or inventory)",
+                        "gpuhook inventory refresh"))  # fmt: skip
         lost = [n for n in device.cdi_ids if n not in names]
         if lost:
-            out.append(Result(NAME, FAIL, f"{what}: CDI device {lost[0]} is in no spec of the "
-                              "CDI folders (the driver's spec was lost, e.g. a reboot emptied "
-                              "/var/run/cdi while the checkpoint persisted): its pods cannot "
-                              "start", "restart the DRA driver's kubelet plugin so that it "
-                              "writes its claim specs again, or delete the pods"))  # fmt: skip
+            out.append((FAIL, f"{what}: CDI device {lost[0]} is in no spec of the CDI folders "
+                        "(the driver's spec was lost, e.g. a reboot emptied /var/run/cdi while "
+                        "the checkpoint persisted): its pods cannot start",
+                        "restart the DRA driver's kubelet plugin so that it writes its claim "
+                        "specs again, or delete the pods"))  # fmt: skip
     return out
 
 
