@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import testbed
+import yaml
 
 from tests.conftest import FakeNode
 from tests.integration import engines
@@ -54,7 +55,11 @@ def k8s(
         kubelet_root = work / "kubelet" / "root"
         policy = {"kubernetes": {"kubelet_dir": str(kubelet_root)}}
         mps = {"root": str(scratch / "mps"), "gpus": [MPS_GPU], "replicas": 2}
-        config = node.variant(scratch, policy=policy, mps=mps)["GPUHOOK_CONFIG"]
+        # the CDI folders gpuhook looks in (doctor, inspect pod): the node's and the cluster's
+        # containerd's, where NVIDIA's DRA driver writes its claim specs
+        own = yaml.safe_load(node.config.read_text())["cdi"]["spec_dirs"]
+        cdi = {"spec_dirs": [*own, str(work / "cdi")]}
+        config = node.variant(scratch, policy=policy, mps=mps, cdi=cdi)["GPUHOOK_CONFIG"]
         containerd = stack.BIN / "containerd"
         configure = stack.write_configure(
             scratch / "configure", testbed.GPUHOOK, testbed.RUNTIME, containerd, config

@@ -128,6 +128,11 @@ def test_a_dra_pod_with_one_gpu(k8s: Cluster, node: FakeNode, dra: Path) -> None
     assert len(record["decision"]["devices"]) == 1
     why = engine_reasons(record)
     assert f"DRA claim default/{claim['name']} (gpu-{minor} of gpu.nvidia.com)" in why
+    # doctor reads the real kubelet's checkpoint: the claim, its CDI spec, its GPU
+    out = node.gpuhook("doctor", "-o", "json", env={"GPUHOOK_CONFIG": k8s.gpuhook_config})
+    [dra_check] = [c for c in json.loads(out.stdout)["checks"] if c["check"] == "kubelet DRA state"]
+    assert dra_check["status"] == "pass", dra_check
+    assert "1 claims of gpu.nvidia.com" in dra_check["message"]
     pods.delete(k8s, "dra-one")
 
 
