@@ -409,7 +409,7 @@ def test_the_checks_are_reported_in_one_order_whichever_module_comes_first(first
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == ",".join(c.name for c in doctor.CHECKS)
-    assert doctor.CHECKS[0].name == "config" and doctor.CHECKS[-1].name == "kubelet checkpoint"
+    assert doctor.CHECKS[0].name == "config" and doctor.CHECKS[-1].name == "kubelet DRA state"
 
 
 @pytest.mark.parametrize(

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from gpuhook import log
-from gpuhook.cli import cmd_setup, decisions, tables
+from gpuhook.cli import cmd_setup, decisions, dra_claims, tables
 from gpuhook.cli.base import Context, emit, output_option, pass_ctx
 from gpuhook.engines.common import unified_diff
 from gpuhook.errors import RecordNotFoundError, UnexpectedUsersError, UsageError
@@ -186,12 +186,31 @@ def inspect_pod(obj: Context, pod: str, output: str | None) -> None:
     """Every recorded container of one pod: what each asked for, what it got, and why.
 
     POD is NAMESPACE/NAME or the pod's UID (a container known only by the kubelet's mounts, as
-    under cri-dockerd, has no pod name). From the decision records gpuhook-runtime wrote.
+    under cri-dockerd, has no pod name). From the decision records gpuhook-runtime wrote, and
+    the pod's DRA claims (the kubelet's dra_manager_state) with what keeps them from starting:
+    a pod whose create was refused has no record, but its UID still finds its claims.
     """
 
-    records = lookup.find_pod(obj.config(), pod)
-    view = {"pod": pod, "containers": [r.data for r in records]}
-    emit(view, output, lambda _view, color: decisions.pod_table(records, color))
+    config = obj.config()
+    try:
+        records = lookup.find_pod(config, pod)
+    except RecordNotFoundError:
+        if "/" in pod:  # a refused pod has no record: only its UID finds its claims
+            raise
+        records = []
+    uids = {r.kubernetes.pod_uid for r in records if r.kubernetes is not None}
+    claims = dra_claims.of_pods(config, uids | ({pod} if "/" not in pod else set()))
+    if not records and not claims:
+        lookup.find_pod(config, pod)  # raises its one line
+    view: dict[str, Any] = {"pod": pod, "containers": [r.data for r in records]}
+    if claims:
+        view["dra_claims"] = claims
+
+    def table(_view: Any, color: bool) -> str:
+        head = decisions.pod_table(records, color) if records else f"pod {pod}: no record\n"
+        return head + dra_claims.table(claims)
+
+    emit(view, output, table)
 
 
 @click.command("gc")

@@ -164,3 +164,7 @@ def check_kubelet(node: Node) -> Result:
         if str(e.get("ResourceName", "")).startswith(kubelet.NVIDIA_RESOURCE_PREFIX)
     )
     return Result(name, PASS, f"{path} is readable ({gpu} nvidia.com/* allocations)")
+
+
+# The DRA state check follows this module's (imported here so that it is last whatever the order).
+from gpuhook.cli import doctor_dra  # noqa: E402, F401

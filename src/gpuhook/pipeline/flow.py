@@ -78,7 +78,7 @@ def run(
     # the image first: MPS admission holds the node-wide lock until the record is written
     compat = _compat(decision, inventory, config, rootfs, compat_source)
     mps_plan: MpsPlan | None = None
-    if config.mps.enabled and decision.devices and not engine.engine_only(decision):
+    if config.mps.enabled and decision.devices and _sharable(decision, req):
         client = identity.client_of(spec)
         mps_plan = _mps(decision, inventory(), config, req, client, mps_probe, mps_admit)
     try:
@@ -106,6 +106,13 @@ def run(
         inventory.loaded,
         mps_plan,
     )
+
+
+def _sharable(decision: Decision, req: Request) -> bool:
+    """Whether MPS may apply: to GPUs the engine alone gave only where an allocation was
+    verified (a Kubernetes pod's device plugin or DRA claim: a shared claim gets its MPS
+    share), never to a privileged container's or a standalone --device."""
+    return not engine.engine_only(decision) or engine.needs_allocation(req)
 
 
 def _compat(

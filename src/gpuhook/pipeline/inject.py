@@ -77,7 +77,7 @@ def edits_for(
     env = [f"{ENV_VISIBLE}={visible}"] if visible is not None else []
     remove = nvidia_hooks
     if decision.channel == CHANNEL_ENGINE:  # the engine's GPUs alone: it injected what they need
-        return _engine_only(decision, env, remove, spec)
+        return _engine_only(decision, env, remove, spec, mps)
     if not decision.injects or inventory is None:
         return ContainerEdits(env=tuple(env), remove_hooks=remove)
     env.append(f"{ENV_CAPS}={','.join(decision.capabilities)}")
@@ -106,15 +106,22 @@ def edits_for(
 
 
 def _engine_only(
-    decision: Decision, env: list[str], remove: tuple[str, ...], spec: Mapping[str, Any] | None
+    decision: Decision,
+    env: list[str],
+    remove: tuple[str, ...],
+    spec: Mapping[str, Any] | None,
+    mps: MpsPlan | None,
 ) -> ContainerEdits:
     """No device node, driver file or hook: only ``NVIDIA_VISIBLE_DEVICES``, set to the engine's
-    GPUs where the spec names any (the image's ``all``, a CDI spec's ``void``), and NVIDIA's
-    prestart hooks removed."""
+    GPUs where the spec names any (the image's ``all``, a CDI spec's ``void``), NVIDIA's
+    prestart hooks removed, and for an MPS-shared GPU (a shared DRA claim's) what no CDI spec
+    gives: the MPS client's pipe folder, env and limits."""
     named = any(e.startswith(f"{ENV_VISIBLE}=") for e in _env_of(spec))
     return ContainerEdits(
-        env=tuple(env) if named else (),
+        env=(tuple(env) if named else ()) + (mps.env() if mps is not None else ()),
+        mounts=mps.mounts() if mps is not None else (),
         remove_hooks=remove,
+        replace_mounts=mps.replace_mounts() if mps is not None else (),
         engine_injected=tuple(d.uuid for d in decision.devices),
     )
 

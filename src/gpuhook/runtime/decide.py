@@ -17,13 +17,14 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from gpuhook.config.types import Config
-    from gpuhook.model.decision import Request
+    from gpuhook.model.decision import KubeIdentity, Request
     from gpuhook.model.inventory import Inventory
     from gpuhook.pipeline.compat import CompatLibrary
-    from gpuhook.pipeline.engine import AllocationSource
+    from gpuhook.pipeline.engine import Allocated, AllocationSource
     from gpuhook.pipeline.flow import (
         CheckpointSource,
         CompatSource,
@@ -77,6 +78,40 @@ def checkpoint(path: str, pod_uid: str, container: str) -> Allocation:
     return kubelet.read_allocation(path, pod_uid, container)
 
 
+def dra_claims(config: Config, inventory: Callable[[], Inventory]) -> AllocationSource:
+    """The kubelet's DRA state (``<kubelet_dir>/dra_manager_state``) as an allocation source:
+    what the pod's prepared claims hold (:mod:`gpuhook.pipeline.dra`), read only when asked."""
+
+    def source(kube: KubeIdentity) -> Allocated:
+        import os
+
+        from gpuhook.errors import CheckpointError
+        from gpuhook.pipeline import dra
+        from gpuhook.pipeline.engine import Allocated
+
+        path = os.path.join(config.policy.kubelet_dir, dra.STATE_IN_KUBELET_DIR)
+        try:
+            state = dra.read_state(path)
+        except CheckpointError as exc:
+            return Allocated(f"the kubelet's DRA state {path}", error=str(exc))
+        return dra.allocated(state, kube.pod_uid, inventory())
+
+    return source
+
+
+class _Once:
+    """An inventory source called at most once, shared by the pipeline and the DRA source."""
+
+    def __init__(self, source: InventorySource) -> None:
+        self._source = source
+        self._loaded: Inventory | None = None
+
+    def __call__(self, config: Config) -> Inventory:
+        if self._loaded is None:
+            self._loaded = self._source(config)
+        return self._loaded
+
+
 def compat_library(rootfs: str) -> CompatLibrary | None:
     """The image's forward compatibility libcuda. Whatever goes wrong reading it makes it
     unusable (a reason for ``inspect``), never a failed create: the host's libcuda still works."""
@@ -121,18 +156,22 @@ def run(
     mps_admit: MpsAdmit | None = None,
     parsed: Request | None = None,
     compat_source: CompatSource = compat_library,
-    allocation_sources: tuple[AllocationSource, ...] = (),
+    allocation_sources: tuple[AllocationSource, ...] | None = None,
 ) -> Outcome:
     """:func:`gpuhook.pipeline.flow.run` with the node's real sources (any one can be replaced,
     as tests do) and the rootfs taken from ``bundle`` unless given ("" without either).
-    ``allocation_sources``: allocations besides the kubelet checkpoint (none yet: DRA's claims
-    are the next), to verify the GPUs the engine injected."""
+    ``allocation_sources``: allocations besides the kubelet checkpoint, to verify the GPUs the
+    engine injected (default: the pod's DRA claims, :func:`dra_claims`)."""
     from gpuhook.pipeline import flow
+
+    once = _Once(inventory_source)
+    if allocation_sources is None:
+        allocation_sources = (dra_claims(config, lambda: once(config)),)
 
     return flow.run(
         spec,
         config,
-        inventory_source=inventory_source,
+        inventory_source=once,
         checkpoint_source=checkpoint_source,
         mps_probe=mps_probe,
         mps_admit=mps_admit or read_only_admission(config),
