@@ -103,7 +103,7 @@ def leftovers(node: FakeNode, state_dir: Path) -> dict[str, Any]:
         "state": sorted(
             str(p.relative_to(state_dir)) for p in state_dir.rglob("*")
             if p.name != "containers.swept"
-        ),  # fmt: skip
+        ),
         "runc": sorted(runc.stdout.split()),
         "cgroups": cgroups,
         "mounts": [m for m in mounts if "gpuhook-selftest" in m or str(state_dir) in m],

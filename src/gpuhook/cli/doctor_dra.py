@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from gpuhook.cli.doctor import FAIL, PASS, SKIP, WARN, Node, Result, section
+from gpuhook.cli.doctor_check import FAIL, PASS, SKIP, WARN, Node, Result, section
 from gpuhook.errors import CheckpointError
 from gpuhook.pipeline import dra
 
