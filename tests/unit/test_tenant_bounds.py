@@ -114,8 +114,8 @@ def nest(top: Path, depth: int) -> Path:
     return top
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
 
 
 def test_a_deep_tree_is_removed_without_recursion_or_following_links(tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_a_deep_tree_is_removed_without_recursion_or_following_links(tmp_path: P
     removed = folders.remove_tree(str(top))
     assert removed >= 5003 and not top.exists()
     assert (keep / "precious").read_text() == "x"
-    assert open_fds() == before
+    assert open_fds() - before == set()  # none left open (others may close meanwhile: GC)
 
 
 def test_removal_is_bounded(tmp_path: Path) -> None:
