@@ -10,7 +10,6 @@ as a process of the suite (:class:`PluginProcess`), with gpuhook's config of the
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -23,98 +22,27 @@ import pytest
 import testbed
 
 from tests.conftest import FakeNode, mps_daemons_under
-from tests.integration import engines
+from tests.integration import containerd2, engines
 from tests.integration.cri import client as cri_client
 from tests.integration.cri.conftest import Cri
 from tests.integration.cri.daemon import ENGINES, PAUSE, build_images, kill_shims
 
-REPO = Path(__file__).resolve().parents[3]
-K8S = Path(os.environ.get("GPUHOOK_K8S_DIR", str(REPO.parent / "shared" / "k8s")))
-BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 PLUGIN = "gpuhook"
 INDEX = "10"
 
 
-def unpack_containerd(dest: Path) -> Path:
-    """containerd 2.3.4's binaries from ``../shared/k8s`` into ``dest``, checked against its
-    SHA256SUMS."""
-    sums: dict[str, str] = {}
-    for line in (K8S / "SHA256SUMS").read_text().splitlines():
-        digest, _, name = line.partition("  ")
-        sums[name] = digest
-    subprocess.run(["tar", "-xJf", str(K8S / "containerd-2.3.4.tar.xz"), "-C", str(dest)],
-                   check=True)  # fmt: skip
-    for name in BINARIES:
-        digest = hashlib.sha256((dest / name).read_bytes()).hexdigest()
-        assert digest == sums[name], f"{name}: sha256 {digest} is not SHA256SUMS'"
-        (dest / name).chmod(0o755)
-    return dest
+def config_toml(root: Path) -> str:
+    """The containerd 2.x suites' config (:func:`containerd2.cri_config`: CRI with plain runc,
+    everything under ``root``) with NRI's timeouts as containerd's defaults and its default
+    validator refusing a container create while the plugin ``gpuhook`` is not registered."""
+    base = containerd2.cri_config(root, PAUSE, root / "runc", f"{root}/cdi")
+    # the NRI table is the template's last: these keys join it, the validator is its subtable
+    return base + f"""    plugin_registration_timeout = '5s'
+    plugin_request_timeout = '2s'
 
-
-def config_toml(root: Path, required: bool = True) -> str:
-    """containerd 2.x's config (version 3), everything under ``root``: CRI with plain runc
-    (cgroupfs), NRI on with its socket under ``root``; ``required``: NRI's default validator
-    refuses a container create while the plugin ``gpuhook`` is not registered."""
-    validator = (
-        f"""
     [plugins.'io.containerd.nri.v1.nri'.default_validator]
       enable = true
-      required_plugins = ['{PLUGIN}']"""
-        if required
-        else ""
-    )
-    return f"""version = 3
-root = '{root}/root'
-state = '{root}/state'
-temp = '{root}/tmp'
-
-[grpc]
-  address = '{root}/containerd.sock'
-
-[ttrpc]
-  address = '{root}/containerd.sock.ttrpc'
-
-[plugins]
-  [plugins.'io.containerd.cri.v1.images']
-    snapshotter = 'overlayfs'
-    [plugins.'io.containerd.cri.v1.images'.pinned_images]
-      sandbox = '{PAUSE}'
-
-  [plugins.'io.containerd.cri.v1.runtime']
-    restrict_oom_score_adj = true
-    disable_apparmor = true
-    enable_cdi = true
-    cdi_spec_dirs = ['{root}/cdi']
-    [plugins.'io.containerd.cri.v1.runtime'.containerd]
-      default_runtime_name = 'runc'
-      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-        runtime_type = 'io.containerd.runc.v2'
-        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-          BinaryName = '/usr/sbin/runc'
-          Root = '{root}/runc'
-          SystemdCgroup = false
-    [plugins.'io.containerd.cri.v1.runtime'.cni]
-      bin_dirs = ['{root}/cni']
-      conf_dir = '{root}/cni'
-
-  [plugins.'io.containerd.grpc.v1.cri']
-    stream_server_address = '127.0.0.1'
-    stream_server_port = '0'
-
-  [plugins.'io.containerd.internal.v1.opt']
-    path = '{root}/opt'
-
-  [plugins.'io.containerd.shim.v1.manager']
-    socket_dir = '{root}/s'
-
-  [plugins.'io.containerd.nri.v1.nri']
-    disable = false
-    socket_path = '{root}/nri/nri.sock'
-    plugin_path = '{root}/nri/plugins'
-    plugin_config_path = '{root}/nri/conf.d'
-    plugin_registration_timeout = '5s'
-    plugin_request_timeout = '2s'
-    disable_connections = false{validator}
+      required_plugins = ['{PLUGIN}']
 """
 
 
@@ -237,9 +165,8 @@ def nri_cri(
     daemon = None
     c = None
     try:
-        (root / "cni").mkdir()
         (root / "config.toml").write_text(config_toml(root))
-        bin_dir = unpack_containerd(tmp_path_factory.mktemp("containerd2"))
+        bin_dir = containerd2.unpack()
         api = cri_client.compile_api(tmp_path_factory.mktemp("cri-api"))
         daemon = Containerd2(root, bin_dir, engines.daemon_env(str(root / "gpuhook.yaml")))
         c = NriCri(node, root, daemon, api)
